@@ -1,0 +1,265 @@
+//! One rate-limit request, start to finish, in domain terms: match each descriptor against the
+//! live rules, apply `replaces`, build one check per limit, let the store apply them
+//! all-or-nothing, and report a status per descriptor. No protobuf here.
+
+mod request;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+pub use request::{
+    Bounds, Code, Decision, Descriptor, LimitOverride, ReportedLimit, Request, Status,
+};
+
+use crate::clock::MICROS_PER_SECOND;
+use crate::limiter::{Algorithm, Limit, Verdict};
+use crate::rules::{Rule, RuleSet, Tier};
+use crate::store::{Check, CheckKind, KeyBuf, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request breaks the protocol or the configured bounds.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct EngineSettings {
+    /// Global shadow mode: the overall code is always OK; statuses tell the truth.
+    pub global_shadow: bool,
+    pub bounds: Bounds,
+}
+
+pub struct Engine<S> {
+    rules: ArcSwap<RuleSet>,
+    store: S,
+    settings: EngineSettings,
+}
+
+/// Where one descriptor's limits come from.
+enum Limits<'r> {
+    /// No rule matched (or unknown domain): OK with no limit.
+    None,
+    Unlimited,
+    Tiers(&'r [Tier]),
+    /// The request's own limit replaces the configured one.
+    Override(Tier),
+}
+
+struct Resolved<'r> {
+    rule: Option<&'r Rule>,
+    limits: Limits<'r>,
+    /// Bytes of the descriptor's key prefix (domain and matched entries) in the key buffer.
+    prefix: Range<usize>,
+}
+
+/// One check before its key slice is borrowed.
+struct Planned<'r> {
+    descriptor: usize,
+    tier: &'r Tier,
+    key: Range<usize>,
+    kind: CheckKind,
+    hits: u64,
+}
+
+impl<S: Store> Engine<S> {
+    pub fn new(rules: RuleSet, store: S, settings: EngineSettings) -> Self {
+        Self {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            settings,
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The live rules; a caller keeps the snapshot it got for as long as it needs.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
+    }
+
+    /// Swaps in new rules: requests already running finish on the old ones.
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    pub fn settings(&self) -> &EngineSettings {
+        &self.settings
+    }
+
+    pub async fn decide(&self, request: &Request) -> Result<Decision, EngineError> {
+        self.settings.bounds.check(request)?;
+        let rules = self.rules.load_full();
+        let Some(domain) = rules.domain(&request.domain) else {
+            // Unknown domain: OK, as the reference service answers.
+            return Ok(Decision::all_ok(request.descriptors.len()));
+        };
+
+        let mut keys = KeyBuf::default();
+        let mut resolved = Vec::with_capacity(request.descriptors.len());
+        for (i, d) in request.descriptors.iter().enumerate() {
+            let start = keys.len();
+            keys.domain(&request.domain);
+            let rule = domain.find(
+                d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                |key, part| keys.entry(key, part),
+            );
+            let limits = match (&d.limit_override, rule) {
+                (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
+                (None, Some(r)) if r.unlimited => Limits::Unlimited,
+                (None, Some(r)) => Limits::Tiers(&r.tiers),
+                (None, None) => Limits::None,
+            };
+            if rule.is_none() && d.limit_override.is_some() {
+                // An override with no matching rule still needs the entries in its key.
+                keys.truncate(start);
+                keys.domain(&request.domain);
+                for (k, v) in &d.entries {
+                    keys.entry(k, crate::rules::KeyPart::Value(v));
+                }
+            }
+            resolved.push(Resolved {
+                rule,
+                limits,
+                prefix: start..keys.len(),
+            });
+        }
+
+        // `replaces`: a limit named by another matched limit's `replaces` is dropped.
+        let replaced: Vec<&str> = resolved
+            .iter()
+            .filter_map(|r| match &r.limits {
+                Limits::Tiers(tiers) => Some(*tiers),
+                _ => None,
+            })
+            .flatten()
+            .flat_map(|t| t.replaces.iter().map(String::as_str))
+            .collect();
+
+        let mut planned = Vec::new();
+        for (i, (r, d)) in resolved.iter().zip(&request.descriptors).enumerate() {
+            let tiers: &[Tier] = match &r.limits {
+                Limits::Tiers(t) => t,
+                Limits::Override(t) => std::slice::from_ref(t),
+                Limits::None | Limits::Unlimited => continue,
+            };
+            let shadow =
+                r.rule.is_some_and(|r| r.shadow_mode) && !matches!(r.limits, Limits::Override(_));
+            let kind = match (d.refund, shadow) {
+                (true, _) => CheckKind::Refund,
+                (false, true) => CheckKind::Shadow,
+                (false, false) => CheckKind::Enforce,
+            };
+            for tier in tiers {
+                if tier.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                    continue;
+                }
+                let start = keys.len();
+                keys.repeat(r.prefix.clone());
+                keys.limit(tier.limit.algorithm, tier.unit, tier.unit_multiplier);
+                planned.push(Planned {
+                    descriptor: i,
+                    tier,
+                    key: start..keys.len(),
+                    kind,
+                    hits: d.hits,
+                });
+            }
+        }
+
+        let checks: Vec<Check<'_>> = planned
+            .iter()
+            .map(|p| Check {
+                key: keys.slice(p.key.clone()),
+                limit: &p.tier.limit,
+                hits: p.hits,
+                kind: p.kind,
+            })
+            .collect();
+        let outcome = self.store.apply(&checks).await?;
+
+        let mut statuses: Vec<Status> = resolved
+            .iter()
+            .map(|r| match r.limits {
+                Limits::Unlimited => Status::unlimited(),
+                _ => Status::ok_without_limit(),
+            })
+            .collect();
+        // Per descriptor: the denying tier (the one that waits longest), else the tier with the
+        // least remaining.
+        let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
+        for (p, v) in planned.iter().zip(&outcome.verdicts) {
+            let slot = &mut chosen[p.descriptor];
+            let better = match slot {
+                None => true,
+                Some((_, cur)) => match (v.allowed, cur.allowed) {
+                    (false, true) => true,
+                    (false, false) => v.retry_after_us > cur.retry_after_us,
+                    (true, true) => v.remaining < cur.remaining,
+                    (true, false) => false,
+                },
+            };
+            if better {
+                *slot = Some((p, *v));
+            }
+        }
+        let mut retry_after_us = None::<u64>;
+        for (i, c) in chosen.into_iter().enumerate() {
+            let Some((p, v)) = c else { continue };
+            let denied = !v.allowed && p.kind == CheckKind::Enforce;
+            if denied {
+                retry_after_us = Some(retry_after_us.unwrap_or(0).max(v.retry_after_us));
+            }
+            statuses[i] = Status {
+                code: if denied { Code::OverLimit } else { Code::Ok },
+                limit: Some(ReportedLimit::of(p.tier)),
+                remaining: v.remaining,
+                duration_us: Some(if v.allowed {
+                    v.reset_after_us
+                } else {
+                    v.retry_after_us
+                }),
+            };
+        }
+        let over = !outcome.allowed && !self.settings.global_shadow;
+        Ok(Decision {
+            code: if over { Code::OverLimit } else { Code::Ok },
+            statuses,
+            retry_after_us: if over { retry_after_us } else { None },
+        })
+    }
+}
+
+/// The request's limit in place of the configured one: the matched rule's algorithm (fixed
+/// window when none matched), no name, no shadow, no `replaces`, as in the reference.
+fn override_tier(
+    descriptor: usize,
+    o: &LimitOverride,
+    rule: Option<&Rule>,
+) -> Result<Tier, EngineError> {
+    let algorithm = rule
+        .and_then(|r| r.tiers.first())
+        .map_or(Algorithm::FixedWindow, |t| t.limit.algorithm);
+    let period_us = o.unit.seconds() * u64::from(o.unit_multiplier) * MICROS_PER_SECOND;
+    let limit =
+        Limit::new(algorithm, u64::from(o.requests_per_unit), period_us, None).map_err(|e| {
+            EngineError::Invalid(format!("descriptor {descriptor}: limit override: {e}"))
+        })?;
+    Ok(Tier {
+        name: None,
+        unit: o.unit,
+        unit_multiplier: o.unit_multiplier,
+        requests_per_unit: o.requests_per_unit,
+        limit,
+        replaces: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

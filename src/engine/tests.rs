@@ -1,0 +1,299 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::rules::{Unit, load_texts};
+use crate::store::MemoryStore;
+
+const S: u64 = 1_000_000;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: client
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: per_second}
+      - {unit: minute, requests_per_unit: 5, name: per_minute}
+  - key: path
+    value: /slow
+    rate_limit: {unit: minute, requests_per_unit: 1, name: slow, replaces: [{name: generic}]}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100, name: generic}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2}
+"#;
+
+fn engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    let clock = Arc::new(ManualClock::new(1_000_000 * S));
+    let rules = load_texts([("api.yaml", RULES)]).unwrap();
+    let store = MemoryStore::new(clock.clone(), 1_000);
+    (clock, Engine::new(rules, store, settings))
+}
+
+fn desc(entries: &[(&str, &str)], hits: u64) -> Descriptor {
+    Descriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        hits,
+        ..Descriptor::default()
+    }
+}
+
+fn req(descriptors: Vec<Descriptor>) -> Request {
+    Request {
+        domain: "api".into(),
+        descriptors,
+    }
+}
+
+async fn run(e: &Engine<MemoryStore>, descriptors: Vec<Descriptor>) -> Decision {
+    e.decide(&req(descriptors)).await.unwrap()
+}
+
+#[tokio::test]
+async fn all_tiers_must_allow_and_the_tightest_is_reported() {
+    let (clock, e) = engine(EngineSettings::default());
+    let d = run(&e, vec![desc(&[("client", "a")], 1)]).await;
+    assert_eq!(d.code, Code::Ok);
+    let s = &d.statuses[0];
+    assert_eq!(
+        s.limit.as_ref().unwrap().name.as_deref(),
+        Some("per_second")
+    );
+    assert_eq!(s.remaining, 2);
+    assert_eq!(s.duration_us, Some(S));
+    run(&e, vec![desc(&[("client", "a")], 2)]).await;
+    let d = run(&e, vec![desc(&[("client", "a")], 1)]).await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(
+        d.statuses[0].limit.as_ref().unwrap().name.as_deref(),
+        Some("per_second")
+    );
+    assert_eq!(d.retry_after_us, Some(S));
+    clock.advance(S);
+    // The minute tier now has 2 left and is the tighter one.
+    let d = run(&e, vec![desc(&[("client", "a")], 1)]).await;
+    assert_eq!(
+        d.statuses[0].limit.as_ref().unwrap().name.as_deref(),
+        Some("per_minute")
+    );
+    assert_eq!(d.statuses[0].remaining, 1);
+    run(&e, vec![desc(&[("client", "a")], 1)]).await;
+    clock.advance(S);
+    let d = run(&e, vec![desc(&[("client", "a")], 1)]).await;
+    assert_eq!(d.code, Code::OverLimit, "the per-minute tier denies");
+    assert_eq!(
+        d.statuses[0].limit.as_ref().unwrap().name.as_deref(),
+        Some("per_minute")
+    );
+}
+
+#[tokio::test]
+async fn a_denied_request_consumes_nothing_in_any_descriptor() {
+    let (_, e) = engine(EngineSettings::default());
+    run(&e, vec![desc(&[("bucket", "x")], 2)]).await;
+    let d = run(
+        &e,
+        vec![desc(&[("client", "b")], 1), desc(&[("bucket", "x")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(d.statuses[0].code, Code::Ok);
+    assert_eq!(d.statuses[1].code, Code::OverLimit);
+    assert_eq!(d.statuses[0].remaining, 3, "client b was not charged");
+    let d = run(&e, vec![desc(&[("client", "b")], 3)]).await;
+    assert_eq!(d.code, Code::Ok);
+}
+
+#[tokio::test]
+async fn statuses_follow_request_order_and_unmatched_are_ok() {
+    let (_, e) = engine(EngineSettings::default());
+    let d = run(
+        &e,
+        vec![
+            desc(&[("nothing", "x")], 1),
+            desc(&[("free", "x")], 1),
+            desc(&[("client", "c")], 1),
+        ],
+    )
+    .await;
+    assert_eq!(d.statuses.len(), 3);
+    assert_eq!(d.statuses[0], Status::ok_without_limit());
+    assert_eq!(d.statuses[1], Status::unlimited());
+    assert_eq!(d.statuses[1].remaining, 4_294_967_295);
+    assert!(d.statuses[2].limit.is_some());
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit_within_the_request() {
+    let (_, e) = engine(EngineSettings::default());
+    let d = run(
+        &e,
+        vec![desc(&[("path", "/slow")], 1), desc(&[("path", "/slow")], 1)],
+    )
+    .await;
+    // Both descriptors match `slow`; generic is never involved; 1/min denies the second hit.
+    assert_eq!(d.code, Code::OverLimit);
+    let d = run(
+        &e,
+        vec![desc(&[("path", "/fast")], 1), desc(&[("path", "/slow")], 0)],
+    )
+    .await;
+    assert_eq!(
+        d.statuses[0],
+        Status::ok_without_limit(),
+        "generic was replaced"
+    );
+    assert_eq!(
+        d.statuses[1].limit.as_ref().unwrap().name.as_deref(),
+        Some("slow")
+    );
+}
+
+#[tokio::test]
+async fn shadow_rules_count_but_never_deny() {
+    let (_, e) = engine(EngineSettings::default());
+    assert_eq!(
+        run(&e, vec![desc(&[("trial", "t")], 1)]).await.code,
+        Code::Ok
+    );
+    let d = run(&e, vec![desc(&[("trial", "t")], 1)]).await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(d.statuses[0].code, Code::Ok);
+    assert_eq!(d.statuses[0].remaining, 0);
+}
+
+#[tokio::test]
+async fn global_shadow_forces_ok_but_statuses_tell_the_truth() {
+    let (_, e) = engine(EngineSettings {
+        global_shadow: true,
+        ..EngineSettings::default()
+    });
+    let d = run(&e, vec![desc(&[("bucket", "y")], 3)]).await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(d.statuses[0].code, Code::OverLimit);
+    assert_eq!(d.retry_after_us, None);
+}
+
+#[tokio::test]
+async fn probes_and_refunds() {
+    let (_, e) = engine(EngineSettings::default());
+    run(&e, vec![desc(&[("bucket", "z")], 2)]).await;
+    let probe = run(&e, vec![desc(&[("bucket", "z")], 0)]).await;
+    assert_eq!(probe.code, Code::Ok);
+    assert_eq!(probe.statuses[0].remaining, 0);
+    let refund = Descriptor {
+        refund: true,
+        ..desc(&[("bucket", "z")], 1)
+    };
+    let d = run(&e, vec![refund]).await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(d.statuses[0].remaining, 1);
+    assert_eq!(
+        run(&e, vec![desc(&[("bucket", "z")], 1)]).await.code,
+        Code::Ok
+    );
+}
+
+#[tokio::test]
+async fn a_request_override_replaces_the_configured_limit() {
+    let (_, e) = engine(EngineSettings::default());
+    let with_override = |hits| Descriptor {
+        limit_override: Some(LimitOverride {
+            requests_per_unit: 2,
+            unit: Unit::Minute,
+            unit_multiplier: 5,
+        }),
+        ..desc(&[("unconfigured", "v")], hits)
+    };
+    let d = run(&e, vec![with_override(2)]).await;
+    assert_eq!(d.code, Code::Ok);
+    let limit = d.statuses[0].limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, limit.unit_multiplier),
+        (2, Unit::Minute, 5)
+    );
+    assert_eq!(run(&e, vec![with_override(1)]).await.code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn unknown_domain_is_ok() {
+    let (_, e) = engine(EngineSettings::default());
+    let d = e
+        .decide(&Request {
+            domain: "other".into(),
+            descriptors: vec![desc(&[("client", "a")], 1)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(d, Decision::all_ok(1));
+}
+
+#[tokio::test]
+async fn invalid_requests_are_rejected_with_a_reason() {
+    let (_, e) = engine(EngineSettings::default());
+    let e = &e;
+    let msg = |r: Request| async move {
+        match e.decide(&r).await {
+            Err(EngineError::Invalid(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        msg(Request {
+            domain: "".into(),
+            descriptors: vec![desc(&[("a", "b")], 1)]
+        })
+        .await,
+        "rate limit domain must not be empty"
+    );
+    assert_eq!(
+        msg(req(vec![])).await,
+        "rate limit descriptor list must not be empty"
+    );
+    assert_eq!(
+        msg(req(vec![desc(&[], 1)])).await,
+        "descriptor 0 has no entries"
+    );
+    assert_eq!(
+        msg(req(vec![desc(&[("", "b")], 1)])).await,
+        "descriptor 0 entry 0 has an empty key"
+    );
+    assert_eq!(
+        msg(req(vec![desc(&[("a", "b")], 1); 65])).await,
+        "65 descriptors; the limit is 64"
+    );
+    let long = "x".repeat(1025);
+    assert_eq!(
+        msg(req(vec![desc(&[("a", &long)], 1)])).await,
+        "descriptor 0 entry 0 is longer than 1024 bytes"
+    );
+}
+
+#[tokio::test]
+async fn reloaded_rules_apply_to_the_next_request_and_keep_counters() {
+    let (_, e) = engine(EngineSettings::default());
+    run(&e, vec![desc(&[("client", "r")], 3)]).await;
+    let raised = RULES.replace(
+        "requests_per_unit: 3, name: per_second",
+        "requests_per_unit: 4, name: per_second",
+    );
+    e.replace_rules(load_texts([("api.yaml", raised.as_str())]).unwrap());
+    let d = run(&e, vec![desc(&[("client", "r")], 1)]).await;
+    assert_eq!(
+        d.code,
+        Code::Ok,
+        "the counter (3) continues under the new limit (4)"
+    );
+    assert_eq!(
+        run(&e, vec![desc(&[("client", "r")], 1)]).await.code,
+        Code::OverLimit
+    );
+}

@@ -1,0 +1,16 @@
+//! sluice: a rate limit service for Envoy (envoy.service.ratelimit.v3).
+//!
+//! The folders are the architecture: `rules` (parse, validate, match), `limiter` (the
+//! algorithms as pure functions), `store` (where state lives: memory), `engine` (one request:
+//! match, build checks, apply them all-or-nothing, report), `service` (gRPC adapter), `admin`
+//! (HTTP), `server` (wiring and lifecycle).
+
+pub mod admin;
+pub mod clock;
+pub mod engine;
+pub mod limiter;
+pub mod proto;
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod store;

@@ -1,0 +1,332 @@
+//! Rate-limit algorithms as pure functions.
+//!
+//! Each algorithm is `decide(limit, state, now, hits) -> (verdict, next state)` and
+//! `refund(limit, state, now, hits) -> next state`: no I/O, no clock, no locks. A store runs them
+//! inside whatever atomic read-modify-write it has (a shard lock in memory, a Lua script in Redis).
+//!
+//! All arithmetic is on unsigned integers. Time is in microseconds since the Unix epoch; the
+//! algorithms that need products (sliding window, the buckets) work in ticks of `tick_us`, chosen
+//! per limit so every product stays at or below 2^53. That keeps the Rust code and its Lua twin
+//! (Lua numbers are doubles) bit-for-bit equal.
+
+mod bucket;
+mod fixed_window;
+mod sliding_log;
+mod sliding_window;
+
+use std::collections::VecDeque;
+use std::fmt;
+
+/// Products in the algorithms never exceed this (the largest integer a double holds exactly).
+pub const EXACT_MAX: u64 = 1 << 53;
+
+/// Largest `requests_per_unit` for a sliding log: it keeps one entry per admitted request.
+pub const SLIDING_LOG_MAX: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// A counter per epoch-aligned window (the Go reference service's algorithm).
+    #[default]
+    FixedWindow,
+    /// The current and previous window's counters, the previous one weighted by how much of it
+    /// still overlaps the sliding window: an estimate that smooths the window edge.
+    SlidingWindow,
+    /// Exact: one timestamp per admitted request, kept for one period.
+    SlidingLog,
+    /// Tokens refill continuously at the rate up to `burst`; a request takes `hits` tokens.
+    TokenBucket,
+    /// A level that drains continuously at the rate; a request that would overflow `burst` is
+    /// denied (the leaky bucket as a meter).
+    LeakyBucket,
+    /// Generic cell rate algorithm: a theoretical arrival time, with tolerance `burst`.
+    Gcra,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub fn has_burst(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
+    }
+
+    /// A stable one-byte identity, part of storage keys.
+    pub fn id(self) -> u8 {
+        match self {
+            Algorithm::FixedWindow => 1,
+            Algorithm::SlidingWindow => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::TokenBucket => 4,
+            Algorithm::LeakyBucket => 5,
+            Algorithm::Gcra => 6,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitError {
+    #[error("the period must be at least one second")]
+    ZeroPeriod,
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    #[error("burst applies only to token_bucket, leaky_bucket and gcra, not to {0}")]
+    BurstNotApplicable(Algorithm),
+    #[error(
+        "sliding_log keeps one entry per request and allows at most {SLIDING_LOG_MAX} requests per unit; use sliding_window for larger limits"
+    )]
+    SlidingLogTooLarge,
+    #[error(
+        "{requests} requests (or burst) per {period_s} s is too fine-grained to compute exactly; use a shorter unit"
+    )]
+    OutOfRange { requests: u64, period_s: u64 },
+}
+
+/// What one limit allows, in the units the algorithms compute with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    /// Requests per period (the rate for buckets).
+    pub requests: u64,
+    pub period_us: u64,
+    /// Capacity of the buckets; equal to `requests` for the window algorithms.
+    pub burst: u64,
+    /// Time resolution of the products (1 µs for most limits, coarser for long periods).
+    pub tick_us: u64,
+}
+
+impl Limit {
+    pub fn new(
+        algorithm: Algorithm,
+        requests: u64,
+        period_us: u64,
+        burst: Option<u64>,
+    ) -> Result<Self, LimitError> {
+        if period_us < crate::clock::MICROS_PER_SECOND {
+            return Err(LimitError::ZeroPeriod);
+        }
+        let burst = match burst {
+            Some(_) if !algorithm.has_burst() => {
+                return Err(LimitError::BurstNotApplicable(algorithm));
+            }
+            Some(0) => return Err(LimitError::ZeroBurst),
+            Some(b) => b,
+            None => requests,
+        };
+        if algorithm == Algorithm::SlidingLog && requests > SLIDING_LOG_MAX {
+            return Err(LimitError::SlidingLogTooLarge);
+        }
+        let needs_products = matches!(
+            algorithm,
+            Algorithm::SlidingWindow
+                | Algorithm::TokenBucket
+                | Algorithm::LeakyBucket
+                | Algorithm::Gcra
+        );
+        let tick_us = if needs_products {
+            let capacity = requests.max(burst).max(1);
+            choose_tick(period_us, capacity).ok_or(LimitError::OutOfRange {
+                requests: capacity,
+                period_s: period_us / crate::clock::MICROS_PER_SECOND,
+            })?
+        } else {
+            1
+        };
+        Ok(Self {
+            algorithm,
+            requests,
+            period_us,
+            burst,
+            tick_us,
+        })
+    }
+
+    /// The period in ticks.
+    fn period_ticks(&self) -> u64 {
+        self.period_us / self.tick_us
+    }
+}
+
+/// The finest tick (a power of ten of microseconds, dividing the period) for which
+/// `capacity × period_in_ticks` stays exact.
+fn choose_tick(period_us: u64, capacity: u64) -> Option<u64> {
+    let mut tick = 1u64;
+    while tick <= crate::clock::MICROS_PER_SECOND {
+        if period_us % tick == 0 {
+            if let Some(p) = capacity.checked_mul(period_us / tick) {
+                if p <= EXACT_MAX {
+                    return Some(tick);
+                }
+            }
+        }
+        tick *= 10;
+    }
+    None
+}
+
+/// The answer for one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// Hits still available after this request (before it, when denied).
+    pub remaining: u64,
+    /// Until the limit is fully replenished (allowed) — the window end for fixed windows.
+    pub reset_after_us: u64,
+    /// Until this same request would be allowed; 0 when allowed. A request that can never fit
+    /// (more hits than the capacity) reports one period (the window end for fixed windows).
+    pub retry_after_us: u64,
+}
+
+impl Verdict {
+    /// The same verdict as if the request had not consumed (for a batch that was rolled back).
+    pub fn unconsumed(self, hits: u64) -> Self {
+        Self {
+            remaining: self.remaining.saturating_add(hits),
+            ..self
+        }
+    }
+}
+
+/// One admitted batch of hits in a sliding log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub at_us: u64,
+    pub hits: u64,
+}
+
+/// Per-key state. `Empty` is never stored: a store drops the key instead.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum State {
+    #[default]
+    Empty,
+    Window {
+        start_us: u64,
+        count: u64,
+    },
+    Sliding {
+        start_us: u64,
+        current: u64,
+        previous: u64,
+    },
+    Log(VecDeque<Stamp>),
+    /// Buckets: `level` in units where one hit is `period_ticks`, drained by `requests` per tick.
+    Meter {
+        level: u64,
+        at_us: u64,
+    },
+}
+
+impl State {
+    /// When this state is empty again if nothing else happens (a store may forget it then).
+    pub fn expires_at_us(&self, limit: &Limit) -> u64 {
+        match self {
+            State::Empty => 0,
+            State::Window { start_us, .. } => start_us + limit.period_us,
+            State::Sliding { start_us, .. } => start_us + 2 * limit.period_us,
+            State::Log(log) => log.back().map_or(0, |s| s.at_us + limit.period_us),
+            State::Meter { level, at_us } => bucket::empty_at_us(limit, *level, *at_us),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self {
+            State::Empty => true,
+            State::Window { count, .. } => *count == 0,
+            State::Sliding {
+                current, previous, ..
+            } => *current == 0 && *previous == 0,
+            State::Log(log) => log.is_empty(),
+            State::Meter { level, .. } => *level == 0,
+        }
+    }
+}
+
+/// Decides `hits` against `state` at `now_us`. The returned state is what the store keeps if
+/// it commits (it must only commit an allowed verdict).
+pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+    if limit.requests == 0 {
+        return (never(limit, now_us, hits), state.clone());
+    }
+    match limit.algorithm {
+        Algorithm::FixedWindow => fixed_window::decide(limit, state, now_us, hits),
+        Algorithm::SlidingWindow => sliding_window::decide(limit, state, now_us, hits),
+        Algorithm::SlidingLog => sliding_log::decide(limit, state, now_us, hits),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+            bucket::decide(limit, state, now_us, hits)
+        }
+    }
+}
+
+/// Gives `hits` back, never below empty. Returns the verdict to report (always allowed).
+pub fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+    if limit.requests == 0 {
+        return (
+            Verdict {
+                allowed: true,
+                ..never(limit, now_us, 0)
+            },
+            state.clone(),
+        );
+    }
+    let next = match limit.algorithm {
+        Algorithm::FixedWindow => fixed_window::refund(limit, state, now_us, hits),
+        Algorithm::SlidingWindow => sliding_window::refund(limit, state, now_us, hits),
+        Algorithm::SlidingLog => sliding_log::refund(limit, state, now_us, hits),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+            bucket::refund(limit, state, now_us, hits)
+        }
+    };
+    // What a probe would see now is what the refund reports.
+    let (verdict, _) = decide(limit, &next, now_us, 0);
+    (verdict, next)
+}
+
+/// `requests_per_unit: 0`: every request with hits is over the limit (the reference's meaning);
+/// a probe is OK. Reset is the end of the epoch-aligned period.
+fn never(limit: &Limit, now_us: u64, hits: u64) -> Verdict {
+    let to_period_end = limit.period_us - now_us % limit.period_us;
+    Verdict {
+        allowed: hits == 0,
+        remaining: 0,
+        reset_after_us: to_period_end,
+        retry_after_us: if hits == 0 { 0 } else { to_period_end },
+    }
+}
+
+/// Ceiling division for durations and levels.
+fn div_ceil(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,333 @@
+use super::*;
+use proptest::prelude::*;
+
+const S: u64 = 1_000_000;
+
+fn limit(algorithm: Algorithm, requests: u64, period_s: u64, burst: Option<u64>) -> Limit {
+    Limit::new(algorithm, requests, period_s * S, burst).unwrap()
+}
+
+/// Runs `hits` at `now` and commits when allowed, like a store does.
+fn hit(l: &Limit, state: &mut State, now: u64, hits: u64) -> Verdict {
+    let (v, next) = decide(l, state, now, hits);
+    if v.allowed {
+        *state = next;
+    }
+    v
+}
+
+fn admitted(l: &Limit, state: &mut State, now: u64, n: u64) -> u64 {
+    (0..n).filter(|_| hit(l, state, now, 1).allowed).count() as u64
+}
+
+#[test]
+fn fixed_window_counts_per_epoch_aligned_window() {
+    let l = limit(Algorithm::FixedWindow, 3, 60, None);
+    let mut st = State::Empty;
+    let t = 1_000_020 * S; // 20 s into a minute window (1_000_020 % 60 == 0? no: 1_000_020 = 16667*60)
+    let start = t - t % (60 * S);
+    let v = hit(&l, &mut st, start + 20 * S, 1);
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: true,
+            remaining: 2,
+            reset_after_us: 40 * S,
+            retry_after_us: 0
+        }
+    );
+    assert!(hit(&l, &mut st, start + 21 * S, 2).allowed);
+    let denied = hit(&l, &mut st, start + 30 * S, 1);
+    assert!(!denied.allowed);
+    assert_eq!(denied.remaining, 0);
+    assert_eq!(denied.retry_after_us, 30 * S);
+    // The next window starts empty.
+    assert!(hit(&l, &mut st, start + 60 * S, 3).allowed);
+}
+
+#[test]
+fn fixed_window_allows_twice_the_limit_across_a_boundary() {
+    // The known weakness the other algorithms fix: a burst at the end of one window and the
+    // start of the next.
+    let l = limit(Algorithm::FixedWindow, 10, 60, None);
+    let mut st = State::Empty;
+    let edge = 600 * S;
+    assert_eq!(admitted(&l, &mut st, edge - 1, 10), 10);
+    assert_eq!(admitted(&l, &mut st, edge, 10), 10);
+    for alg in [
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+    ] {
+        let l = limit(alg, 10, 60, None);
+        let mut st = State::Empty;
+        let total = admitted(&l, &mut st, edge - 1, 10) + admitted(&l, &mut st, edge, 10);
+        assert_eq!(total, 10, "{alg}");
+    }
+}
+
+#[test]
+fn hits_beyond_the_limit_never_fit() {
+    for alg in Algorithm::ALL {
+        let l = limit(alg, 5, 1, None);
+        let (v, _) = decide(&l, &State::Empty, 100 * S, 6);
+        assert!(!v.allowed, "{alg}");
+        assert_eq!(v.remaining, 5, "{alg}: a denied request consumes nothing");
+        assert!(v.retry_after_us > 0, "{alg}");
+    }
+}
+
+#[test]
+fn probe_checks_without_consuming() {
+    for alg in Algorithm::ALL {
+        let l = limit(alg, 2, 10, None);
+        let mut st = State::Empty;
+        let now = 1_000 * S;
+        assert!(hit(&l, &mut st, now, 2).allowed);
+        let (v, next) = decide(&l, &st, now, 0);
+        assert!(v.allowed, "{alg}: a probe at the limit is OK");
+        assert_eq!(v.remaining, 0, "{alg}");
+        assert_eq!(next, st, "{alg}: a probe changes nothing");
+    }
+}
+
+#[test]
+fn zero_limit_denies_every_hit_but_not_a_probe() {
+    for alg in Algorithm::ALL {
+        let l = limit(alg, 0, 1, None);
+        assert!(!decide(&l, &State::Empty, 5 * S, 1).0.allowed, "{alg}");
+        assert!(decide(&l, &State::Empty, 5 * S, 0).0.allowed, "{alg}");
+    }
+}
+
+#[test]
+fn sliding_window_weights_the_previous_window() {
+    let l = limit(Algorithm::SlidingWindow, 10, 60, None);
+    let mut st = State::Empty;
+    let w = 6_000 * S;
+    assert_eq!(admitted(&l, &mut st, w + 50 * S, 10), 10);
+    // 15 s into the next window: 10 × 45/60 = 7.5 of the previous still count, so 2 fit.
+    assert_eq!(admitted(&l, &mut st, w + 75 * S, 5), 2);
+    // 30 s in: 10 × 30/60 = 5 count, plus the 2 admitted: 3 more fit.
+    assert_eq!(admitted(&l, &mut st, w + 90 * S, 5), 3);
+}
+
+#[test]
+fn sliding_window_retry_after_is_exact() {
+    let l = limit(Algorithm::SlidingWindow, 10, 60, None);
+    let mut st = State::Empty;
+    let w = 6_000 * S;
+    assert_eq!(admitted(&l, &mut st, w + 50 * S, 10), 10);
+    let now = w + 75 * S;
+    assert_eq!(admitted(&l, &mut st, now, 2), 2);
+    let v = hit(&l, &mut st, now, 1);
+    assert!(!v.allowed);
+    let retry_at = now + v.retry_after_us;
+    assert!(!decide(&l, &st, retry_at - 1, 1).0.allowed);
+    assert!(decide(&l, &st, retry_at, 1).0.allowed);
+}
+
+#[test]
+fn sliding_log_is_exact() {
+    let l = limit(Algorithm::SlidingLog, 3, 10, None);
+    let mut st = State::Empty;
+    let t = 1_000 * S;
+    assert!(hit(&l, &mut st, t, 1).allowed);
+    assert!(hit(&l, &mut st, t + 4 * S, 2).allowed);
+    let v = hit(&l, &mut st, t + 9 * S, 1);
+    assert!(!v.allowed);
+    // The first stamp leaves at t + 10 s.
+    assert_eq!(v.retry_after_us, S);
+    assert!(hit(&l, &mut st, t + 10 * S, 1).allowed);
+    assert!(!hit(&l, &mut st, t + 13 * S, 1).allowed);
+    assert_eq!(admitted(&l, &mut st, t + 14 * S, 3), 2);
+}
+
+#[test]
+fn token_bucket_bursts_then_refills_at_the_rate() {
+    // 10 per second, burst 20.
+    let l = limit(Algorithm::TokenBucket, 10, 1, Some(20));
+    let mut st = State::Empty;
+    let t = 50 * S;
+    assert_eq!(admitted(&l, &mut st, t, 25), 20);
+    let v = hit(&l, &mut st, t, 1);
+    assert_eq!(v.retry_after_us, 100_000, "one token every 100 ms");
+    assert_eq!(admitted(&l, &mut st, t + 99_999, 1), 0);
+    assert_eq!(admitted(&l, &mut st, t + 100_000, 2), 1);
+    // Fully refilled after 2 s idle.
+    assert_eq!(admitted(&l, &mut st, t + 100_000 + 2 * S, 30), 20);
+}
+
+#[test]
+fn gcra_spaces_requests_after_the_burst() {
+    // 100 per minute, burst 100: after 100 at once, one every 600 ms.
+    let l = limit(Algorithm::Gcra, 100, 60, None);
+    let mut st = State::Empty;
+    let t = 7_000 * S;
+    assert_eq!(admitted(&l, &mut st, t, 101), 100);
+    let v = hit(&l, &mut st, t + 1, 1);
+    assert_eq!(v.retry_after_us, 600_000 - 1);
+    assert_eq!(admitted(&l, &mut st, t + 600_000, 2), 1);
+    assert_eq!(admitted(&l, &mut st, t + 1_200_000, 2), 1);
+    let ok = decide(&l, &st, t + 1_200_000, 0).0;
+    assert_eq!(
+        ok.reset_after_us,
+        60 * S,
+        "the full bucket drains in one period"
+    );
+}
+
+#[test]
+fn leaky_bucket_drains_at_the_rate() {
+    // Capacity 5, drains 1 per second.
+    let l = limit(Algorithm::LeakyBucket, 1, 1, Some(5));
+    let mut st = State::Empty;
+    let t = 90 * S;
+    assert!(hit(&l, &mut st, t, 5).allowed);
+    let v = hit(&l, &mut st, t, 2);
+    assert!(!v.allowed);
+    assert_eq!(v.retry_after_us, 2 * S);
+    assert!(hit(&l, &mut st, t + 2 * S, 2).allowed);
+    assert_eq!(decide(&l, &st, t + 2 * S, 0).0.reset_after_us, 5 * S);
+    assert!(decide(&l, &st, t + 7 * S, 0).1.is_empty() || st.expires_at_us(&l) == t + 7 * S);
+    assert_eq!(st.expires_at_us(&l), t + 7 * S);
+}
+
+#[test]
+fn refunds_give_hits_back_never_below_empty() {
+    for alg in Algorithm::ALL {
+        let l = limit(alg, 5, 60, None);
+        let mut st = State::Empty;
+        let now = 3_000 * S;
+        assert!(hit(&l, &mut st, now, 5).allowed);
+        assert!(!decide(&l, &st, now, 1).0.allowed, "{alg}");
+        let (v, next) = refund(&l, &st, now, 2);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 2, "{alg}");
+        st = next;
+        assert!(hit(&l, &mut st, now, 2).allowed, "{alg}");
+        let (v, next) = refund(&l, &st, now, 1_000);
+        assert_eq!(v.remaining, 5, "{alg}");
+        assert!(next.is_empty(), "{alg}");
+    }
+}
+
+#[test]
+fn long_periods_choose_a_coarser_tick_and_stay_exact() {
+    let l = limit(Algorithm::Gcra, 1_000_000, 365 * 86_400, None);
+    assert!(l.tick_us > 1);
+    assert!(l.burst * (l.period_us / l.tick_us) <= EXACT_MAX);
+    assert_eq!(
+        Limit::new(
+            Algorithm::TokenBucket,
+            u32::MAX as u64,
+            3_153_600_000 * S,
+            None
+        ),
+        Err(LimitError::OutOfRange {
+            requests: u32::MAX as u64,
+            period_s: 3_153_600_000
+        })
+    );
+}
+
+#[test]
+fn limit_validation() {
+    assert_eq!(
+        Limit::new(Algorithm::FixedWindow, 1, S, Some(3)),
+        Err(LimitError::BurstNotApplicable(Algorithm::FixedWindow))
+    );
+    assert_eq!(
+        Limit::new(Algorithm::Gcra, 1, S, Some(0)),
+        Err(LimitError::ZeroBurst)
+    );
+    assert_eq!(
+        Limit::new(Algorithm::SlidingLog, 100_001, S, None),
+        Err(LimitError::SlidingLogTooLarge)
+    );
+}
+
+fn any_algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(Algorithm::ALL.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// No algorithm admits more than its capacity within any period-long interval: for the
+    /// exact ones `requests` (buckets: burst plus what refills meanwhile), for fixed windows
+    /// `requests` per aligned window.
+    #[test]
+    fn never_admits_more_than_the_limit(
+        alg in any_algorithm(),
+        requests in 1u64..20,
+        period_s in 1u64..5,
+        steps in prop::collection::vec((0u64..400_000, 0u64..4), 1..200),
+    ) {
+        let l = limit(alg, requests, period_s, None);
+        let p = l.period_us;
+        let mut st = State::Empty;
+        let mut now = 10_000 * S;
+        let mut log: Vec<(u64, u64)> = Vec::new();
+        for (dt, hits) in steps {
+            now += dt;
+            let (v, next) = decide(&l, &st, now, hits);
+            if v.allowed {
+                st = next;
+                if hits > 0 { log.push((now, hits)); }
+            } else {
+                prop_assert_eq!(v.retry_after_us > 0 || hits == 0, true);
+            }
+        }
+        for &(start, _) in &log {
+            let window: u64 = match alg {
+                Algorithm::FixedWindow => {
+                    let w = start - start % p;
+                    log.iter().filter(|(t, _)| *t >= w && *t < w + p).map(|(_, h)| h).sum()
+                }
+                Algorithm::SlidingWindow => {
+                    // The weighted estimate may admit up to the previous window's share extra
+                    // within a sliding interval, but never more than 2× in one.
+                    log.iter().filter(|(t, _)| *t >= start && *t < start + p).map(|(_, h)| h).sum::<u64>() / 2
+                }
+                Algorithm::SlidingLog => {
+                    log.iter().filter(|(t, _)| *t >= start && *t < start + p).map(|(_, h)| h).sum()
+                }
+                _ => {
+                    // A bucket admits at most burst plus what drains during the interval.
+                    let total: u64 = log.iter().filter(|(t, _)| *t >= start && *t < start + p).map(|(_, h)| h).sum();
+                    total.saturating_sub(requests)
+                }
+            };
+            prop_assert!(window <= requests, "{} admitted {} > {}", alg, window, requests);
+        }
+    }
+
+    /// A denied request changes nothing, and retry_after is when it first succeeds.
+    #[test]
+    fn retry_after_is_the_first_moment_it_fits(
+        alg in any_algorithm(),
+        requests in 1u64..10,
+        hits in prop::collection::vec(1u64..4, 1..30),
+        dts in prop::collection::vec(0u64..300_000, 30),
+    ) {
+        let l = limit(alg, requests, 1, None);
+        let mut st = State::Empty;
+        let mut now = 1_000 * S;
+        for (h, dt) in hits.iter().zip(dts) {
+            now += dt;
+            let (v, next) = decide(&l, &st, now, *h);
+            if v.allowed {
+                st = next;
+            } else if *h <= requests && alg != Algorithm::FixedWindow {
+                let at = now + v.retry_after_us;
+                prop_assert!(decide(&l, &st, at, *h).0.allowed, "{} not allowed at retry", alg);
+                prop_assert!(!decide(&l, &st, at - 1, *h).0.allowed, "{} allowed before retry", alg);
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The `sluice` command: `serve` and `validate`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use sluice::clock::SystemClock;
+use sluice::engine::{Bounds, Engine, EngineSettings};
+use sluice::rules::load_path;
+use sluice::server::{self, Options};
+use sluice::service::HeaderSet;
+use sluice::store::MemoryStore;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A rate limit service for Envoy (RLS v3)"
+)]
+struct Cli {
+    /// Log format on stderr; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve ShouldRateLimit on --grpc-addr and /healthcheck, /json on --http-addr.
+    Serve(ServeArgs),
+    /// Check rules exactly as `serve` loads them.
+    Validate {
+        /// A YAML file or a directory of *.yaml / *.yml files.
+        path: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    Memory,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A YAML rules file or a directory of them (one domain per file).
+    #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
+    config: PathBuf,
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    #[arg(long, env = "SLUICE_BACKEND", value_enum, default_value_t = Backend::Memory)]
+    backend: Backend,
+    /// Headers sluice adds: a comma list of retry-after, draft03, ietf, or none.
+    #[arg(
+        long,
+        env = "SLUICE_RESPONSE_HEADERS",
+        default_value = "retry-after,draft03"
+    )]
+    response_headers: String,
+    /// Global shadow mode: the overall answer is always OK; statuses tell the truth.
+    #[arg(long, env = "SLUICE_SHADOW_MODE")]
+    shadow_mode: bool,
+    /// Most counters the memory store holds; past it, requests that need a new counter get
+    /// UNAVAILABLE (Envoy's failure_mode_deny decides) until expired ones are swept.
+    #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 10_000_000)]
+    max_keys: usize,
+    /// Most descriptors in one request.
+    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
+    max_descriptors: usize,
+    /// Most entries in one descriptor.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    max_entries: usize,
+    /// Longest key or value of an entry, in bytes.
+    #[arg(long, env = "SLUICE_MAX_ENTRY_BYTES", default_value_t = 1024)]
+    max_entry_bytes: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Validate { path } => validate(&path),
+        Command::Serve(args) => match serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn validate(path: &std::path::Path) -> ExitCode {
+    match load_path(path) {
+        Ok(rules) => {
+            println!(
+                "ok: {} domains, {} rules",
+                rules.domain_count(),
+                rules.rule_count()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            println!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let headers = HeaderSet::parse(&args.response_headers)?;
+    let rules = load_path(&args.config)
+        .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display()))?;
+    tracing::info!(
+        config = %args.config.display(),
+        domains = rules.domain_count(),
+        rules = rules.rule_count(),
+        "rules loaded"
+    );
+    let settings = EngineSettings {
+        global_shadow: args.shadow_mode,
+        bounds: Bounds {
+            max_descriptors: args.max_descriptors,
+            max_entries: args.max_entries,
+            max_entry_bytes: args.max_entry_bytes,
+        },
+    };
+    let options = Options {
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        headers,
+        housekeeping_every: Duration::from_secs(5),
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        match args.backend {
+            Backend::Memory => {
+                let store = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
+                let engine = Arc::new(Engine::new(rules, store, settings));
+                let running = server::start(options, engine).await?;
+                shutdown_signal().await;
+                tracing::info!("shutting down");
+                running.stop().await
+            }
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

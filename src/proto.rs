@@ -1,0 +1,52 @@
+//! The generated Envoy RLS v3 types (from `proto/`, compiled by build.rs). Module nesting
+//! follows the proto packages because the generated code refers across them by path.
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+pub mod envoy {
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+}
+
+pub use envoy::config::core::v3::HeaderValue;
+pub use envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+pub use envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+pub use envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit as ResponseUnit,
+};
+pub use envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+pub use envoy::r#type::v3::RateLimitUnit as OverrideUnit;
+
+/// The gRPC service name, as health checks use it.
+pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

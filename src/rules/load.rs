@@ -1,0 +1,102 @@
+//! Reading rules from a file or a directory.
+
+use std::path::Path;
+
+use super::{RuleError, RuleErrors, RuleSet, compile_file};
+
+/// Files larger than this are rejected: rules are small, and a runaway file must not exhaust
+/// memory.
+pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Loads `path`: one YAML file, or every `*.yaml`/`*.yml` file in a directory (not recursive;
+/// hidden files and Kubernetes ConfigMap internals such as `..data` are skipped; symlinks to
+/// files are followed, as ConfigMap volumes need).
+pub fn load_path(path: &Path) -> Result<RuleSet, RuleErrors> {
+    let at = |message: String| {
+        RuleErrors(vec![RuleError {
+            file: path.display().to_string(),
+            location: "path".into(),
+            message,
+        }])
+    };
+    let meta = std::fs::metadata(path).map_err(|e| at(format!("cannot read: {e}")))?;
+    let files = if meta.is_dir() {
+        let mut files = Vec::new();
+        let entries = std::fs::read_dir(path).map_err(|e| at(format!("cannot list: {e}")))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| at(format!("cannot list: {e}")))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+            if name.starts_with('.') || !is_yaml {
+                continue;
+            }
+            // Follows symlinks: a ConfigMap's files are links into `..data/`.
+            if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+                files.push(entry.path());
+            }
+        }
+        files.sort();
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut texts = Vec::with_capacity(files.len());
+    let mut errors = Vec::new();
+    for file in files {
+        let name = file.display().to_string();
+        match read_limited(&file) {
+            Ok(text) => texts.push((name, text)),
+            Err(message) => errors.push(RuleError {
+                file: name,
+                location: "file".into(),
+                message,
+            }),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(RuleErrors(errors));
+    }
+    load_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+}
+
+fn read_limited(file: &Path) -> Result<String, String> {
+    let len = std::fs::metadata(file)
+        .map_err(|e| format!("cannot read: {e}"))?
+        .len();
+    if len > MAX_FILE_BYTES {
+        return Err(format!(
+            "file is {len} bytes; rules files are limited to {MAX_FILE_BYTES} bytes"
+        ));
+    }
+    std::fs::read_to_string(file).map_err(|e| format!("cannot read: {e}"))
+}
+
+/// Compiles named texts into one rule set; every error of every file is reported.
+pub fn load_texts<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<RuleSet, RuleErrors> {
+    let mut set = RuleSet::default();
+    let mut errors = Vec::new();
+    for (name, text) in files {
+        match compile_file(name, text) {
+            Ok(domain) => {
+                if set.domains.contains_key(&domain.name) {
+                    errors.push(RuleError {
+                        file: name.to_owned(),
+                        location: "domain".into(),
+                        message: format!("duplicate domain '{}' in config file", domain.name),
+                    });
+                } else {
+                    set.domains.insert(domain.name.clone(), domain);
+                }
+            }
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        Err(RuleErrors(errors))
+    }
+}

@@ -1,0 +1,203 @@
+//! Rules: parse the YAML files, validate them (every error with file and location), compile
+//! them into an immutable [`RuleSet`], and match request descriptors against it.
+//!
+//! Matching follows the Go reference service exactly: per request entry, an exact key+value
+//! child, else the first wildcard child of that key in file order, else the key-only child; the
+//! limit is the one on the node matched by the last entry; no backtracking. Unlike the
+//! reference, key and value are never joined into one string, so `(a, "b_c")` and `(a_b, "c")`
+//! are different descriptors.
+
+mod compile;
+mod load;
+mod parse;
+mod pattern;
+mod unit;
+
+use std::collections::HashMap;
+use std::fmt;
+
+pub use compile::compile_file;
+pub use load::{load_path, load_texts};
+pub use pattern::Pattern;
+pub use unit::Unit;
+
+use crate::limiter::Limit;
+
+/// One problem in the rules, at a place an operator can find.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {location}: {message}")]
+pub struct RuleError {
+    pub file: String,
+    /// A position (`line 3 column 5`) or a path (`descriptors[0].rate_limit.unit`).
+    pub location: String,
+    pub message: String,
+}
+
+/// Every error found in a set of rules files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct RuleErrors(pub Vec<RuleError>);
+
+impl fmt::Display for RuleErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// All domains, compiled. Immutable: a reload builds a new one.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    domains: HashMap<String, Domain>,
+}
+
+impl RuleSet {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// The number of rules that carry a limit (including unlimited ones).
+    pub fn rule_count(&self) -> usize {
+        self.domains.values().map(|d| d.rule_count).sum()
+    }
+
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Domain {
+    pub name: String,
+    /// The file it came from.
+    pub file: String,
+    root: Level,
+    rule_count: usize,
+}
+
+/// The children of a node, grouped by descriptor key.
+#[derive(Debug, Default)]
+struct Level {
+    keys: HashMap<String, KeyBranch>,
+}
+
+#[derive(Debug, Default)]
+struct KeyBranch {
+    exact: HashMap<String, Node>,
+    /// In file order: the first that matches wins.
+    wildcards: Vec<(Pattern, Node)>,
+    any: Option<Box<Node>>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    rule: Option<Rule>,
+    /// `share_threshold`: every value matching this node's pattern shares one counter.
+    share: bool,
+    children: Level,
+}
+
+/// The limit(s) on one matched descriptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Reference-style path, e.g. `key_value.subkey` (for logs, metrics, explain).
+    pub path: String,
+    pub tiers: Vec<Tier>,
+    pub unlimited: bool,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    pub quota_mode: bool,
+}
+
+/// One limit of a rule (a rule has several with `rate_limits:`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tier {
+    pub name: Option<String>,
+    pub unit: Unit,
+    pub unit_multiplier: u32,
+    pub requests_per_unit: u32,
+    pub limit: Limit,
+    pub replaces: Vec<String>,
+}
+
+/// How a matched level's value goes into the counter's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPart<'a> {
+    /// The request's own value: each value has its own counter.
+    Value(&'a str),
+    /// `share_threshold`: the pattern, shared by every value it matches.
+    Pattern(&'a str),
+}
+
+impl Domain {
+    /// Finds the rule for a descriptor's entries. `on_level` sees each matched level's key and
+    /// the part that identifies its counter, in order.
+    pub fn find<'r, 'q>(
+        &'r self,
+        entries: impl IntoIterator<Item = (&'q str, &'q str)>,
+        mut on_level: impl FnMut(&'q str, KeyPart<'_>),
+    ) -> Option<&'r Rule> {
+        let mut level = &self.root;
+        let mut matched: Option<&Node> = None;
+        for (key, value) in entries {
+            let branch = level.keys.get(key)?;
+            let node = if let Some(node) = branch.exact.get(value) {
+                on_level(key, KeyPart::Value(value));
+                node
+            } else if let Some((pattern, node)) =
+                branch.wildcards.iter().find(|(p, _)| p.matches(value))
+            {
+                let part = if node.share {
+                    KeyPart::Pattern(pattern.as_str())
+                } else {
+                    KeyPart::Value(value)
+                };
+                on_level(key, part);
+                node
+            } else {
+                let node = branch.any.as_deref()?;
+                on_level(key, KeyPart::Value(value));
+                node
+            };
+            matched = Some(node);
+            level = &node.children;
+        }
+        matched?.rule.as_ref()
+    }
+
+    /// Every rule with its path, for `/rlconfig` and explain.
+    pub fn rules(&self) -> Vec<&Rule> {
+        fn walk<'a>(level: &'a Level, out: &mut Vec<&'a Rule>) {
+            let mut keys: Vec<_> = level.keys.iter().collect();
+            keys.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, branch) in keys {
+                let mut exact: Vec<_> = branch.exact.iter().collect();
+                exact.sort_by(|a, b| a.0.cmp(b.0));
+                let nodes = exact
+                    .into_iter()
+                    .map(|(_, n)| n)
+                    .chain(branch.wildcards.iter().map(|(_, n)| n))
+                    .chain(branch.any.as_deref());
+                for node in nodes {
+                    out.extend(node.rule.as_ref());
+                    walk(&node.children, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,73 @@
+//! The rules file as written: the Go reference service's YAML plus sluice's extensions.
+//! Unknown fields are rejected at the place they appear (the reference accepts a known name in
+//! the wrong place and then ignores it; here that is an error too).
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawFile {
+    pub domain: Option<String>,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawDescriptor {
+    pub key: Option<String>,
+    pub value: Option<String>,
+    pub rate_limit: Option<RawLimit>,
+    /// Extension: several limits on one descriptor, all of which must allow.
+    pub rate_limits: Option<Vec<RawLimit>>,
+    #[serde(default)]
+    pub shadow_mode: bool,
+    #[serde(default)]
+    pub detailed_metric: bool,
+    #[serde(default)]
+    pub value_to_metric: bool,
+    #[serde(default)]
+    pub share_threshold: bool,
+    /// Accepted for compatibility; has no effect yet.
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Accepted for compatibility (contents are not checked, as in the reference); not
+    /// returned in dynamic metadata yet.
+    #[serde(rename = "metadata")]
+    pub _metadata: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub unit: Option<String>,
+    pub requests_per_unit: Option<u32>,
+    #[serde(default)]
+    pub unlimited: bool,
+    pub name: Option<String>,
+    pub replaces: Option<Vec<RawReplace>>,
+    /// Extension: fixed_window (default), sliding_window, sliding_log, token_bucket,
+    /// leaky_bucket, gcra.
+    pub algorithm: Option<String>,
+    /// Extension: the capacity of token_bucket, leaky_bucket and gcra.
+    pub burst: Option<u32>,
+    /// Extension: the window is `unit_multiplier` units (e.g. 5 minutes).
+    pub unit_multiplier: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplace {
+    pub name: Option<String>,
+}
+
+/// Parses one file's text. The error keeps serde_yaml's path and position.
+pub fn parse(text: &str) -> Result<RawFile, serde_yaml::Error> {
+    // An empty file is a YAML null, which would not deserialize as a struct.
+    if text.trim().is_empty() {
+        return Ok(RawFile::default());
+    }
+    serde_yaml::from_str(text)
+}

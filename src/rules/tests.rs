@@ -1,0 +1,275 @@
+use super::*;
+use crate::limiter::Algorithm;
+
+fn set(text: &str) -> RuleSet {
+    load_texts([("rules.yaml", text)]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match load_texts([("rules.yaml", text)]) {
+        Ok(_) => panic!("expected errors"),
+        Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+/// The path of the matched rule and the counter parts, or None.
+fn find(rs: &RuleSet, domain: &str, entries: &[(&str, &str)]) -> Option<(String, Vec<String>)> {
+    let mut parts = Vec::new();
+    let rule = rs.domain(domain)?.find(entries.iter().copied(), |k, p| {
+        parts.push(match p {
+            KeyPart::Value(v) => format!("{k}={v}"),
+            KeyPart::Pattern(p) => format!("{k}~{p}"),
+        })
+    })?;
+    Some((rule.path.clone(), parts))
+}
+
+fn path(rs: &RuleSet, entries: &[(&str, &str)]) -> Option<String> {
+    find(rs, "d", entries).map(|(p, _)| p)
+}
+
+const BASIC: &str = r#"
+domain: d
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: value3
+  - key: key2
+    value: val*
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: key2
+    value: v*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: wild
+    value: "foo*"
+    share_threshold: true
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: nested
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: inner
+        value: x
+        rate_limit: {unit: second, requests_per_unit: 2}
+"#;
+
+#[test]
+fn exact_beats_wildcard_beats_key_only() {
+    let rs = set(BASIC);
+    assert_eq!(path(&rs, &[("key2", "value2")]).unwrap(), "key2_value2");
+    assert_eq!(path(&rs, &[("key2", "valueX")]).unwrap(), "key2_val*");
+    assert_eq!(
+        path(&rs, &[("key2", "vq")]).unwrap(),
+        "key2_v*",
+        "first wildcard in file order that matches"
+    );
+    assert_eq!(path(&rs, &[("key2", "other")]).unwrap(), "key2");
+}
+
+#[test]
+fn a_value_without_limit_or_children_is_whitelisted() {
+    let rs = set(BASIC);
+    assert_eq!(path(&rs, &[("key2", "value3")]), None);
+}
+
+#[test]
+fn the_last_entry_decides_and_there_is_no_backtracking() {
+    let rs = set(BASIC);
+    assert_eq!(
+        path(&rs, &[("key1", "value1"), ("subkey1", "a")]).unwrap(),
+        "key1_value1.subkey1"
+    );
+    // A branch without its own limit: no limit for the shorter request.
+    assert_eq!(path(&rs, &[("key1", "value1")]), None);
+    // More entries than the tree is deep: no limit.
+    assert_eq!(path(&rs, &[("key2", "value2"), ("more", "x")]), None);
+    // Exact match at level 1 with no child for level 2: the key-only `nested` is not retried.
+    assert_eq!(
+        path(&rs, &[("nested", "v"), ("inner", "x")]).unwrap(),
+        "nested.inner_x"
+    );
+    assert_eq!(path(&rs, &[("nested", "v"), ("inner", "y")]), None);
+    // Fewer entries: the limit on the node matched last.
+    assert_eq!(path(&rs, &[("nested", "v")]).unwrap(), "nested");
+    assert_eq!(path(&rs, &[("unknown", "v")]), None);
+}
+
+#[test]
+fn share_threshold_puts_the_pattern_in_the_counter() {
+    let rs = set(BASIC);
+    let (_, parts) = find(&rs, "d", &[("wild", "food")]).unwrap();
+    assert_eq!(parts, ["wild~foo*"]);
+    let (_, parts) = find(&rs, "d", &[("key2", "valueX")]).unwrap();
+    assert_eq!(
+        parts,
+        ["key2=valueX"],
+        "without share_threshold each value has its own counter"
+    );
+}
+
+#[test]
+fn keys_and_values_are_never_joined() {
+    let rs = set(
+        "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a_b\n    value: c\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+    );
+    assert_eq!(path(&rs, &[("a", "b_c")]).unwrap(), "a_b_c");
+    assert_eq!(find(&rs, "d", &[("a_b", "c")]).unwrap().1, ["a_b=c"]);
+    // The reference's `wild_foo*` quirk does not apply: a wildcard matches values only.
+    let rs = set(
+        "domain: d\ndescriptors:\n  - key: wild\n    value: foo*\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    assert_eq!(path(&rs, &[("wild_food", "x")]), None);
+}
+
+#[test]
+fn units_any_case_and_the_extensions() {
+    let rs = set(r#"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: Week, requests_per_unit: 7, name: weekly}
+  - key: b
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: per_second, algorithm: token_bucket, burst: 20}
+      - {unit: minute, requests_per_unit: 100, unit_multiplier: 5, algorithm: sliding_window}
+  - key: c
+    rate_limit: {unlimited: true}
+"#);
+    let d = rs.domain("d").unwrap();
+    let a = d.find([("a", "x")], |_, _| {}).unwrap();
+    assert_eq!(a.tiers[0].unit, Unit::Week);
+    assert_eq!(a.tiers[0].name.as_deref(), Some("weekly"));
+    let b = d.find([("b", "x")], |_, _| {}).unwrap();
+    assert_eq!(b.tiers.len(), 2);
+    assert_eq!(b.tiers[0].limit.algorithm, Algorithm::TokenBucket);
+    assert_eq!(b.tiers[0].limit.burst, 20);
+    assert_eq!(b.tiers[1].limit.period_us, 300_000_000);
+    let c = d.find([("c", "x")], |_, _| {}).unwrap();
+    assert!(c.unlimited && c.tiers.is_empty());
+    assert_eq!(rs.rule_count(), 3);
+}
+
+#[test]
+fn reference_validation_messages() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "descriptors: []\n",
+            "rules.yaml: domain: config file cannot have empty domain",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - value: v\n",
+            "rules.yaml: descriptors[0]: descriptor has empty key",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "rules.yaml: descriptors[1]: duplicate descriptor composite key 'd.k_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: foo, requests_per_unit: 1}\n",
+            "rules.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1}\n",
+            "rules.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit ''",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, unlimited: true}\n",
+            "rules.yaml: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: n, replaces: [{name: n}]}\n",
+            "rules.yaml: descriptors[0].rate_limit.replaces[0]: replaces should not contain name of same descriptor",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n",
+            "rules.yaml: descriptors[0].rate_limit.replaces[0]: should not have an empty replaces entry",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
+            "rules.yaml: descriptors[0]: share_threshold can only be used with wildcard values (containing '*'), but found key 'k_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n",
+            "rules.yaml: descriptors[0].rate_limit.algorithm: unknown algorithm 'magic' (expected one of fixed_window, sliding_window, sliding_log, token_bucket, leaky_bucket, gcra)",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}\n",
+            "rules.yaml: descriptors[0].rate_limit: burst applies only to token_bucket, leaky_bucket and gcra, not to fixed_window",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(errors(text), [want.to_string()], "for {text}");
+    }
+}
+
+#[test]
+fn parse_errors_say_where() {
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        ratelimit: {unit: second}\n",
+    );
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with(
+            "rules.yaml: line 6 column 9: descriptors[0].descriptors[0]: unknown field `ratelimit`"
+        ),
+        "{}",
+        e[0]
+    );
+    let e = errors("'''");
+    assert!(
+        e[0].starts_with("rules.yaml: line 1 column 4: "),
+        "{}",
+        e[0]
+    );
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+    );
+    assert!(
+        e[0].contains("requests_per_unit: invalid type: integer `-1`"),
+        "{}",
+        e[0]
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: foo}\n  - key: b\n    rate_limit: {unit: bar}\n",
+    );
+    assert_eq!(e.len(), 2);
+}
+
+#[test]
+fn duplicate_domains_across_files() {
+    let e = load_texts([("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "b.yaml: domain: duplicate domain 'd' in config file"
+    );
+}
+
+#[test]
+fn directory_loading_skips_hidden_and_configmap_internals() {
+    let dir = std::env::temp_dir().join(format!("sluice-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("..2024_01_01_00_00_00.123")).unwrap();
+    std::fs::write(dir.join("..2024_01_01_00_00_00.123/a.yaml"), "domain: a\n").unwrap();
+    std::os::unix::fs::symlink("..2024_01_01_00_00_00.123", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/a.yaml", dir.join("a.yaml")).unwrap();
+    std::fs::write(dir.join("b.yml"), "domain: b\n").unwrap();
+    std::fs::write(dir.join(".hidden.yaml"), "not: valid: yaml").unwrap();
+    std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+    let rs = load_path(&dir).unwrap();
+    let mut names: Vec<_> = rs.domains().map(|d| d.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,129 @@
+//! Wiring and lifecycle: bind the gRPC and HTTP listeners, serve until told to stop, then stop
+//! gracefully (health goes NOT_SERVING first, in-flight calls finish).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+use crate::engine::Engine;
+use crate::proto::{RateLimitServiceServer, SERVICE_NAME};
+use crate::service::{HeaderSet, RateLimitGrpc};
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub headers: HeaderSet,
+    /// How often the store forgets expired keys.
+    pub housekeeping_every: Duration,
+}
+
+/// A running server. Dropping it does not stop it; call [`Running::stop`].
+pub struct Running<S> {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub engine: Arc<Engine<S>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+    serving: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
+}
+
+pub async fn start<S: Store>(
+    options: Options,
+    engine: Arc<Engine<S>>,
+) -> anyhow::Result<Running<S>> {
+    let grpc_listener = TcpListener::bind(options.grpc_addr)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", options.grpc_addr))?;
+    let http_listener = TcpListener::bind(options.http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP address {}", options.http_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in ["", SERVICE_NAME] {
+        health
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    let serving = Arc::new(AtomicBool::new(true));
+    let service = Arc::new(RateLimitGrpc::new(engine.clone(), options.headers));
+    let (stop, stopped) = watch::channel(false);
+    let signal = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::from_arc(service.clone()))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            signal(stopped.clone()),
+        );
+    let http = axum::serve(
+        http_listener,
+        crate::admin::router(service, serving.clone()),
+    )
+    .with_graceful_shutdown(signal(stopped.clone()));
+
+    let housekeeping = {
+        let engine = engine.clone();
+        let mut stopped = stopped.clone();
+        let every = options.housekeeping_every;
+        async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => engine.store().housekeeping(),
+                    _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+                }
+            }
+        }
+    };
+
+    let tasks = vec![
+        tokio::spawn(async move { grpc.await.context("gRPC server") }),
+        tokio::spawn(async move { http.await.context("HTTP server") }),
+        tokio::spawn(housekeeping),
+    ];
+    tracing::info!(%grpc_addr, %http_addr, "serving");
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        engine,
+        stop,
+        tasks,
+        serving,
+        health,
+    })
+}
+
+impl<S: Store> Running<S> {
+    /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.serving.store(false, Ordering::Release);
+        for name in ["", SERVICE_NAME] {
+            self.health
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            task.await.context("server task panicked")??;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

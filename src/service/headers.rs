@@ -1,0 +1,145 @@
+//! Rate-limit headers that sluice adds through `response_headers_to_add`.
+//!
+//! - `retry-after`: on OVER_LIMIT, whole seconds rounded up, at least 1 (RFC 9110).
+//! - `draft03`: `x-ratelimit-limit/-remaining/-reset` of the most constrained status, in the
+//!   exact form Envoy's `enable_x_ratelimit_headers: DRAFT_VERSION_03` renders. Enable one of
+//!   the two, not both, or clients see every header twice.
+//! - `ietf`: `ratelimit-policy` and `ratelimit` structured fields
+//!   (draft-ietf-httpapi-ratelimit-headers), one item per limited status.
+
+use std::fmt::Write;
+
+use super::ceil_seconds;
+use crate::engine::{Code, Decision, Status};
+use crate::proto::HeaderValue;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeaderSet {
+    pub retry_after: bool,
+    pub draft03: bool,
+    pub ietf: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown response header set '{0}' (expected retry-after, draft03, ietf or none)")]
+pub struct HeaderSetError(String);
+
+impl HeaderSet {
+    /// Parses a comma list such as `retry-after,draft03`; `none` means no headers.
+    pub fn parse(list: &str) -> Result<Self, HeaderSetError> {
+        let mut set = Self::default();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item.to_ascii_lowercase().as_str() {
+                "retry-after" => set.retry_after = true,
+                "draft03" => set.draft03 = true,
+                "ietf" => set.ietf = true,
+                "none" => {}
+                _ => return Err(HeaderSetError(item.to_owned())),
+            }
+        }
+        Ok(set)
+    }
+
+    pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
+        let mut out = Vec::new();
+        if self.retry_after && d.code == Code::OverLimit {
+            let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
+            out.push(header("retry-after", seconds.to_string()));
+        }
+        let limited: Vec<(usize, &Status)> = d
+            .statuses
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.limit.is_some())
+            .collect();
+        if limited.is_empty() {
+            return out;
+        }
+        if self.draft03 {
+            draft03(&limited, &mut out);
+        }
+        if self.ietf {
+            ietf(&limited, &mut out);
+        }
+        out
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        raw_value: Vec::new(),
+    }
+}
+
+fn reset_seconds(s: &Status) -> u64 {
+    s.duration_us.map_or(0, ceil_seconds)
+}
+
+fn draft03(limited: &[(usize, &Status)], out: &mut Vec<HeaderValue>) {
+    // As Envoy: the status with the smallest remaining (first on ties) leads.
+    let (_, lead) = limited
+        .iter()
+        .min_by_key(|(_, s)| s.remaining)
+        .expect("limited is not empty");
+    let lead_limit = lead.limit.as_ref().expect("limited statuses have a limit");
+    let mut value = lead_limit.requests_per_unit.to_string();
+    for (_, s) in limited {
+        let l = s.limit.as_ref().expect("limited statuses have a limit");
+        let _ = write!(value, ", {};w={}", l.requests_per_unit, l.window_seconds());
+        if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
+            let _ = write!(value, ";name=\"{}\"", sf_string(name));
+        }
+    }
+    out.push(header("x-ratelimit-limit", value));
+    out.push(header(
+        "x-ratelimit-remaining",
+        lead.remaining.min(u32::MAX as u64).to_string(),
+    ));
+    out.push(header("x-ratelimit-reset", reset_seconds(lead).to_string()));
+}
+
+fn ietf(limited: &[(usize, &Status)], out: &mut Vec<HeaderValue>) {
+    let mut policy = String::new();
+    let mut current = String::new();
+    for (n, (i, s)) in limited.iter().enumerate() {
+        let l = s.limit.as_ref().expect("limited statuses have a limit");
+        let name = match l.name.as_deref().filter(|n| !n.is_empty()) {
+            Some(name) => sf_string(name),
+            None => format!("descriptor-{i}"),
+        };
+        let sep = if n == 0 { "" } else { ", " };
+        let _ = write!(
+            policy,
+            "{sep}\"{name}\";q={};w={}",
+            l.requests_per_unit,
+            l.window_seconds()
+        );
+        let _ = write!(
+            current,
+            "{sep}\"{name}\";r={};t={}",
+            s.remaining.min(u32::MAX as u64),
+            reset_seconds(s)
+        );
+    }
+    out.push(header("ratelimit-policy", policy));
+    out.push(header("ratelimit", current));
+}
+
+/// The content of a structured-field string: printable ASCII with `"` and `\` escaped;
+/// anything else becomes `_` (a header cannot carry it).
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out
+}

@@ -1,0 +1,158 @@
+//! The gRPC adapter: protobuf in, domain types to the engine, protobuf out. The only module
+//! (with `admin::json`) that knows the wire types.
+
+pub mod headers;
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+pub use headers::{HeaderSet, HeaderSetError};
+
+use crate::engine::{self, Code, Decision, Engine, EngineError, LimitOverride};
+use crate::proto::{self, OverrideUnit, RateLimitRequest, RateLimitResponse, ResponseUnit};
+use crate::rules::Unit;
+use crate::store::{Store, StoreError};
+
+/// Serves `ShouldRateLimit` from an [`Engine`].
+pub struct RateLimitGrpc<S> {
+    engine: Arc<Engine<S>>,
+    headers: HeaderSet,
+}
+
+impl<S: Store> RateLimitGrpc<S> {
+    pub fn new(engine: Arc<Engine<S>>, headers: HeaderSet) -> Self {
+        Self { engine, headers }
+    }
+
+    /// One call, from wire request to wire response (also used by HTTP `/json`).
+    pub async fn handle(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let request = to_domain(request)?;
+        let decision = self.engine.decide(&request).await.map_err(to_status)?;
+        Ok(self.to_wire(&decision))
+    }
+
+    fn to_wire(&self, decision: &Decision) -> RateLimitResponse {
+        RateLimitResponse {
+            overall_code: code(decision.code) as i32,
+            statuses: decision.statuses.iter().map(status).collect(),
+            response_headers_to_add: self.headers.render(decision),
+            ..RateLimitResponse::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> proto::RateLimitService for RateLimitGrpc<S> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.handle(request.into_inner()).await.map(Response::new)
+    }
+}
+
+fn to_status(e: EngineError) -> Status {
+    match e {
+        EngineError::Invalid(m) => Status::invalid_argument(m),
+        // Envoy treats a non-OK status as an error and applies its failure_mode_deny.
+        EngineError::Store(e @ StoreError::Full(_)) => Status::unavailable(e.to_string()),
+    }
+}
+
+/// Moves the strings out of the wire request (no copies).
+fn to_domain(r: RateLimitRequest) -> Result<engine::Request, Status> {
+    // Request-level hits: 0 (unset) means 1; a descriptor's own hits_addend, when present,
+    // wins, including 0 (check only).
+    let request_hits = if r.hits_addend == 0 {
+        1
+    } else {
+        u64::from(r.hits_addend)
+    };
+    let descriptors = r
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Ok(engine::Descriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit_override: d.limit.map(|o| limit_override(i, o)).transpose()?,
+                hits: d.hits_addend.unwrap_or(request_hits),
+                refund: d.is_negative_hits,
+            })
+        })
+        .collect::<Result<_, Status>>()?;
+    Ok(engine::Request {
+        domain: r.domain,
+        descriptors,
+    })
+}
+
+fn limit_override(i: usize, o: proto::RateLimitOverride) -> Result<LimitOverride, Status> {
+    let unit = match OverrideUnit::try_from(o.unit) {
+        Ok(OverrideUnit::Second) => Unit::Second,
+        Ok(OverrideUnit::Minute) => Unit::Minute,
+        Ok(OverrideUnit::Hour) => Unit::Hour,
+        Ok(OverrideUnit::Day) => Unit::Day,
+        Ok(OverrideUnit::Month) => Unit::Month,
+        Ok(OverrideUnit::Year) => Unit::Year,
+        Ok(OverrideUnit::Unknown) | Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i}: limit override has no valid unit ({})",
+                o.unit
+            )));
+        }
+    };
+    Ok(LimitOverride {
+        requests_per_unit: o.requests_per_unit,
+        unit,
+        unit_multiplier: o.unit_multiplier.unwrap_or(1),
+    })
+}
+
+fn code(c: Code) -> proto::Code {
+    match c {
+        Code::Ok => proto::Code::Ok,
+        Code::OverLimit => proto::Code::OverLimit,
+    }
+}
+
+pub fn response_unit(u: Unit) -> ResponseUnit {
+    match u {
+        Unit::Second => ResponseUnit::Second,
+        Unit::Minute => ResponseUnit::Minute,
+        Unit::Hour => ResponseUnit::Hour,
+        Unit::Day => ResponseUnit::Day,
+        Unit::Week => ResponseUnit::Week,
+        Unit::Month => ResponseUnit::Month,
+        Unit::Year => ResponseUnit::Year,
+    }
+}
+
+/// Whole seconds, rounded up: Envoy shows only the seconds, and rounding down would tell a
+/// client to come back before it can succeed.
+pub fn ceil_seconds(micros: u64) -> u64 {
+    micros.div_ceil(crate::clock::MICROS_PER_SECOND)
+}
+
+fn status(s: &engine::Status) -> proto::DescriptorStatus {
+    proto::DescriptorStatus {
+        code: code(s.code) as i32,
+        current_limit: s.limit.as_ref().map(|l| proto::RateLimit {
+            requests_per_unit: l.requests_per_unit,
+            unit: response_unit(l.unit) as i32,
+            name: l.name.clone().unwrap_or_default(),
+            // Unset means 1; only a real multiplier goes on the wire.
+            unit_multiplier: (l.unit_multiplier != 1).then_some(l.unit_multiplier),
+        }),
+        limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: s.duration_us.map(|us| prost_types::Duration {
+            seconds: i64::try_from(ceil_seconds(us)).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

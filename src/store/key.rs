@@ -1,0 +1,117 @@
+//! Counter identities. A key is an unambiguous byte encoding of (domain, each matched entry's
+//! key and value — or pattern, with share_threshold —, the limit's algorithm, unit and
+//! multiplier). Every string is length-prefixed, so no two different descriptors encode alike,
+//! whatever bytes their values hold. The limit's numbers are not part of the key, so a changed
+//! limit keeps its counter; a changed algorithm or unit starts a new one.
+
+use crate::limiter::Algorithm;
+use crate::rules::{KeyPart, Unit};
+
+const TAG_VALUE: u8 = 0;
+const TAG_PATTERN: u8 = 1;
+const TAG_LIMIT: u8 = 2;
+
+/// A reusable buffer holding one request's keys back to back.
+#[derive(Debug, Default, Clone)]
+pub struct KeyBuf {
+    bytes: Vec<u8>,
+}
+
+impl KeyBuf {
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.bytes.truncate(len);
+    }
+
+    pub fn slice(&self, range: std::ops::Range<usize>) -> &[u8] {
+        &self.bytes[range]
+    }
+
+    /// Appends a copy of `range` (a descriptor prefix shared by several tiers).
+    pub fn repeat(&mut self, range: std::ops::Range<usize>) {
+        self.bytes.extend_from_within(range);
+    }
+
+    fn string(&mut self, s: &str) {
+        let mut n = s.len() as u64;
+        // LEB128 length.
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                self.bytes.push(byte);
+                break;
+            }
+            self.bytes.push(byte | 0x80);
+        }
+        self.bytes.extend_from_slice(s.as_bytes());
+    }
+
+    pub fn domain(&mut self, domain: &str) {
+        self.string(domain);
+    }
+
+    pub fn entry(&mut self, key: &str, part: KeyPart<'_>) {
+        let (tag, value) = match part {
+            KeyPart::Value(v) => (TAG_VALUE, v),
+            KeyPart::Pattern(p) => (TAG_PATTERN, p),
+        };
+        self.bytes.push(tag);
+        self.string(key);
+        self.string(value);
+    }
+
+    pub fn limit(&mut self, algorithm: Algorithm, unit: Unit, multiplier: u32) {
+        self.bytes.push(TAG_LIMIT);
+        self.bytes.push(algorithm.id());
+        self.bytes.push(unit.id());
+        self.bytes.extend_from_slice(&multiplier.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(domain: &str, entries: &[(&str, KeyPart<'_>)]) -> Vec<u8> {
+        let mut k = KeyBuf::default();
+        k.domain(domain);
+        for (key, part) in entries {
+            k.entry(key, *part);
+        }
+        k.limit(Algorithm::FixedWindow, Unit::Second, 1);
+        k.slice(0..k.len()).to_vec()
+    }
+
+    #[test]
+    fn no_ambiguous_joins() {
+        use KeyPart::*;
+        assert_ne!(
+            key("d", &[("a", Value("b_c"))]),
+            key("d", &[("a_b", Value("c"))])
+        );
+        assert_ne!(
+            key("d_a", &[("b", Value("c"))]),
+            key("d", &[("a_b", Value("c"))])
+        );
+        assert_ne!(
+            key("d", &[("a", Value("x*"))]),
+            key("d", &[("a", Pattern("x*"))])
+        );
+        assert_ne!(
+            key("d", &[("a", Value("b")), ("c", Value("d"))]),
+            key("d", &[("a", Value("b\u{0}\u{1}c\u{1}d"))])
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! ShouldRateLimit over real gRPC (tonic client → server on a loopback port), plus health and
+//! the HTTP endpoints.
+
+mod common;
+
+use common::*;
+use sluice::engine::EngineSettings;
+use sluice::proto::{Code, ResponseUnit};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, name: per_second}
+      - {unit: minute, requests_per_unit: 100, unit_multiplier: 5, name: per_5_minutes}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
+"#;
+
+#[tokio::test]
+async fn ok_then_over_limit_with_statuses_and_headers() {
+    let server = start(RULES, "retry-after,draft03", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    let call = || {
+        request(
+            "api",
+            vec![
+                descriptor(&[("api_key", "k")]),
+                descriptor(&[("other", "x")]),
+            ],
+        )
+    };
+
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 2);
+    let s = &r.statuses[0];
+    assert_eq!(s.code, Code::Ok as i32);
+    assert_eq!(s.limit_remaining, 1);
+    let limit = s.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+        (2, ResponseUnit::Second as i32, "per_second")
+    );
+    assert_eq!(s.duration_until_reset.unwrap().seconds, 1);
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    assert!(r.statuses[1].current_limit.is_none());
+    let headers: Vec<_> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            ("x-ratelimit-limit", "2, 2;w=1;name=\"per_second\""),
+            ("x-ratelimit-remaining", "1"),
+            ("x-ratelimit-reset", "1"),
+        ]
+    );
+
+    client.should_rate_limit(call()).await.unwrap();
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert!(
+        r.response_headers_to_add
+            .iter()
+            .any(|h| h.key == "retry-after" && h.value == "1")
+    );
+
+    // The per-5-minutes tier reports its multiplier once it is the tightest.
+    server.clock.advance(S);
+    let mut heavy = call();
+    heavy.descriptors[0].hits_addend = Some(0);
+    let r = client.should_rate_limit(heavy).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_denying_tier_is_reported_with_its_multiplier() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    let mut r = request("api", vec![descriptor(&[("api_key", "m")])]);
+    r.descriptors[0].hits_addend = Some(2);
+    // 2 per second for 50 seconds spends the 100 per 5 minutes.
+    for _ in 0..50 {
+        let resp = client
+            .should_rate_limit(r.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+        server.clock.advance(S);
+    }
+    r.descriptors[0].hits_addend = Some(1);
+    let resp = client.should_rate_limit(r).await.unwrap().into_inner();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    let status = &resp.statuses[0];
+    let limit = status.current_limit.clone().unwrap();
+    assert_eq!(limit.name, "per_5_minutes");
+    assert_eq!(limit.unit_multiplier, Some(5));
+    assert_eq!(
+        status.duration_until_reset.unwrap().seconds,
+        250,
+        "until the 5-minute window ends"
+    );
+    assert!(
+        resp.response_headers_to_add.is_empty(),
+        "--response-headers none"
+    );
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_requests_get_invalid_argument() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    let err = client
+        .should_rate_limit(request("", vec![descriptor(&[("a", "b")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err.message(), "rate limit domain must not be empty");
+    let err = client
+        .should_rate_limit(request("api", vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let hostile = descriptor(&[("k", &"x".repeat(5000))]);
+    let err = client
+        .should_rate_limit(request("api", vec![hostile]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // The server still answers.
+    assert!(
+        client
+            .should_rate_limit(request("api", vec![descriptor(&[("a", "b")])]))
+            .await
+            .is_ok()
+    );
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_calls_never_admit_more_than_the_limit() {
+    let rules = "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 137}\n";
+    let server = start(rules, "none", EngineSettings::default()).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0;
+            for _ in 0..50 {
+                let r = client
+                    .should_rate_limit(request("c", vec![descriptor(&[("k", "v")])]))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if r.overall_code == Code::Ok as i32 {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    assert_eq!(admitted, 137);
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn global_shadow_mode_answers_ok() {
+    let settings = EngineSettings {
+        global_shadow: true,
+        ..EngineSettings::default()
+    };
+    let server = start(RULES, "none", settings).await;
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        client
+            .should_rate_limit(request("api", vec![descriptor(&[("tenant", "t")])]))
+            .await
+            .unwrap();
+    }
+    let r = client
+        .should_rate_limit(request("api", vec![descriptor(&[("tenant", "t")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn health_serves_both_names_and_flips_on_stop() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let http = server.running.http_addr;
+    assert_eq!(http_get(http, "/healthcheck").await.0, 200);
+    server.running.stop().await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(http).await.is_err(),
+        "listener closed"
+    );
+}
+
+#[tokio::test]
+async fn json_endpoint() {
+    let server = start(RULES, "retry-after", EngineSettings::default()).await;
+    let http = server.running.http_addr;
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"tenant","value":"j"}]}]}"#;
+    let (status, text) = http_post(http, "/json", body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(v["statuses"][0]["durationUntilReset"], "60s");
+    let (status, text) = http_post(http, "/json", body).await;
+    assert_eq!(status, 429);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["statuses"][0]["code"], "OVER_LIMIT");
+    assert_eq!(v["responseHeadersToAdd"][0]["key"], "retry-after");
+    let (status, text) = http_post(http, "/json", r#"{"domain":""}"#).await;
+    assert_eq!(
+        (status, text.trim()),
+        (400, "rate limit domain must not be empty")
+    );
+    let (status, _) = http_post(http, "/json", "{").await;
+    assert_eq!(status, 400);
+    server.running.stop().await.unwrap();
+}
+
+/// A minimal HTTP/1.1 client: enough for the admin endpoints, without another dependency.
+async fn http_call(addr: std::net::SocketAddr, raw: String) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(raw.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_call(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    http_call(
+        addr,
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await
+}
