@@ -1,1 +1,99 @@
-fn main() {}
+//! A full gRPC round trip on loopback: tonic client → sluice (memory store) → response, for a
+//! 3-descriptor request, next to the same call against a no-op RLS built with the same stack
+//! (the ceiling).
+//!
+//! cargo bench --bench grpc
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use sluice::clock::SystemClock;
+use sluice::engine::{Engine, EngineSettings};
+use sluice::proto::{self, RateLimitServiceClient, RateLimitServiceServer};
+use sluice::rules::load_texts;
+use sluice::server::{self, Options};
+use sluice::service::HeaderSet;
+use sluice::store::MemoryStore;
+use tonic::transport::Channel;
+
+const RULES: &str = "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
+
+fn request() -> proto::RateLimitRequest {
+    let d = |entries: &[(&str, &str)]| proto::RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| proto::Entry { key: k.to_string(), value: v.to_string() })
+            .collect(),
+        ..Default::default()
+    };
+    proto::RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![
+            d(&[("remote_address", "10.0.0.1")]),
+            d(&[("api_key", "key-1")]),
+            d(&[("api_key", "key-1"), ("path", "/v1/search")]),
+        ],
+        hits_addend: 0,
+    }
+}
+
+/// Answers OK without deciding anything.
+struct NoOp;
+
+#[tonic::async_trait]
+impl proto::RateLimitService for NoOp {
+    async fn should_rate_limit(
+        &self,
+        r: tonic::Request<proto::RateLimitRequest>,
+    ) -> Result<tonic::Response<proto::RateLimitResponse>, tonic::Status> {
+        let n = r.into_inner().descriptors.len();
+        Ok(tonic::Response::new(proto::RateLimitResponse {
+            overall_code: proto::Code::Ok as i32,
+            statuses: vec![proto::DescriptorStatus { code: proto::Code::Ok as i32, ..Default::default() }; n],
+            ..Default::default()
+        }))
+    }
+}
+
+fn round_trip(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (sluice_client, noop_client) = rt.block_on(async {
+        let rules = load_texts([("bench.yaml", RULES)]).unwrap();
+        let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
+        let engine = Arc::new(Engine::new(rules, store, EngineSettings::default()));
+        let options = Options {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            headers: HeaderSet::parse("retry-after,draft03").unwrap(),
+            housekeeping_every: Duration::from_secs(5),
+        };
+        let running = server::start(options, engine).await.unwrap();
+        let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr)).await.unwrap();
+        std::mem::forget(running);
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(NoOp))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let noop = RateLimitServiceClient::connect(format!("http://{addr}")).await.unwrap();
+        (sluice, noop)
+    });
+    let mut group = c.benchmark_group("grpc_round_trip");
+    for (name, client) in [("sluice_memory", sluice_client), ("noop_server", noop_client)] {
+        let client: RateLimitServiceClient<Channel> = client;
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| {
+                let mut client = client.clone();
+                async move { client.should_rate_limit(request()).await.unwrap() }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, round_trip);
+criterion_main!(benches);

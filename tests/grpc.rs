@@ -256,37 +256,3 @@ async fn json_endpoint() {
     assert_eq!(status, 400);
     server.running.stop().await.unwrap();
 }
-
-/// A minimal HTTP/1.1 client: enough for the admin endpoints, without another dependency.
-async fn http_call(addr: std::net::SocketAddr, raw: String) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(raw.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    http_call(
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-}
-
-async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    http_call(
-        addr,
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
-    )
-    .await
-}

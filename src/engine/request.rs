@@ -169,12 +169,10 @@ impl Bounds {
                     ));
                 }
             }
-            if let Some(o) = &d.limit_override {
-                if o.unit_multiplier == 0 {
-                    return invalid(format!(
-                        "descriptor {i}: limit override unit_multiplier must be at least 1"
-                    ));
-                }
+            if d.limit_override.is_some_and(|o| o.unit_multiplier == 0) {
+                return invalid(format!(
+                    "descriptor {i}: limit override unit_multiplier must be at least 1"
+                ));
             }
         }
         Ok(())

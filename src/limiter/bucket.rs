@@ -8,7 +8,7 @@
 //! Units: a hit adds `P` (the period in ticks) to the level; the level drains by `requests`
 //! per tick; the capacity is `burst × P`. So rates that are not whole ticks per hit stay exact.
 
-use super::{Limit, State, Verdict, div_ceil};
+use super::{Limit, State, Update, Verdict, div_ceil};
 
 /// The level at `now_us`, after draining since the last update, clamped to the capacity (a
 /// lowered limit must not leave an out-of-range level).
@@ -42,7 +42,7 @@ pub(super) fn empty_at_us(limit: &Limit, level: u64, at_us: u64) -> u64 {
     at_us + drain_time(limit, level, 0, at_us)
 }
 
-pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     let p = limit.period_ticks();
     let capacity = limit.burst * p;
     let level = level_now(limit, state, now_us);
@@ -56,10 +56,10 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         };
         return (
             verdict,
-            State::Meter {
+            Update::Set(State::Meter {
                 level,
                 at_us: now_us,
-            },
+            }),
         );
     }
     let reset_after_us = drain_time(limit, level, 0, now_us);
@@ -74,7 +74,7 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         reset_after_us,
         retry_after_us,
     };
-    (verdict, state.clone())
+    (verdict, Update::Keep)
 }
 
 pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> State {

@@ -1,6 +1,6 @@
 //! A counter per epoch-aligned window: `count + hits <= requests` admits.
 
-use super::{Limit, State, Verdict};
+use super::{Limit, State, Update, Verdict};
 
 fn current(limit: &Limit, state: &State, now_us: u64) -> (u64, u64) {
     let start = now_us - now_us % limit.period_us;
@@ -11,7 +11,7 @@ fn current(limit: &Limit, state: &State, now_us: u64) -> (u64, u64) {
     (start, count)
 }
 
-pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     let (start, count) = current(limit, state, now_us);
     let to_end = start + limit.period_us - now_us;
     let fits = hits <= limit.requests && count <= limit.requests - hits;
@@ -25,10 +25,10 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         };
         (
             verdict,
-            State::Window {
+            Update::Set(State::Window {
                 start_us: start,
                 count,
-            },
+            }),
         )
     } else {
         // Whatever the hits, the next window is the first chance (hits beyond the limit never
@@ -39,7 +39,7 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
             reset_after_us: to_end,
             retry_after_us: to_end,
         };
-        (verdict, state.clone())
+        (verdict, Update::Keep)
     }
 }
 

@@ -1,8 +1,9 @@
 //! Rate-limit algorithms as pure functions.
 //!
-//! Each algorithm is `decide(limit, state, now, hits) -> (verdict, next state)` and
+//! Each algorithm is `decide(limit, state, now, hits) -> (verdict, update)` and
 //! `refund(limit, state, now, hits) -> next state`: no I/O, no clock, no locks. A store runs them
-//! inside whatever atomic read-modify-write it has (a shard lock in memory, a Lua script in Redis).
+//! inside whatever atomic read-modify-write it has (a shard lock in memory, a Lua script in Redis)
+//! and applies the update only when it commits.
 //!
 //! All arithmetic is on unsigned integers. Time is in microseconds since the Unix epoch; the
 //! algorithms that need products (sliding window, the buckets) work in ticks of `tick_us`, chosen
@@ -182,12 +183,12 @@ impl Limit {
 fn choose_tick(period_us: u64, capacity: u64) -> Option<u64> {
     let mut tick = 1u64;
     while tick <= crate::clock::MICROS_PER_SECOND {
-        if period_us % tick == 0 {
-            if let Some(p) = capacity.checked_mul(period_us / tick) {
-                if p <= EXACT_MAX {
-                    return Some(tick);
-                }
-            }
+        if period_us.is_multiple_of(tick)
+            && capacity
+                .checked_mul(period_us / tick)
+                .is_some_and(|p| p <= EXACT_MAX)
+        {
+            return Some(tick);
         }
         tick *= 10;
     }
@@ -238,7 +239,11 @@ pub enum State {
         current: u64,
         previous: u64,
     },
-    Log(VecDeque<Stamp>),
+    Log {
+        /// The hits of all stamps (some may have expired but not been dropped yet).
+        total: u64,
+        stamps: VecDeque<Stamp>,
+    },
     /// Buckets: `level` in units where one hit is `period_ticks`, drained by `requests` per tick.
     Meter {
         level: u64,
@@ -253,7 +258,7 @@ impl State {
             State::Empty => 0,
             State::Window { start_us, .. } => start_us + limit.period_us,
             State::Sliding { start_us, .. } => start_us + 2 * limit.period_us,
-            State::Log(log) => log.back().map_or(0, |s| s.at_us + limit.period_us),
+            State::Log { stamps, .. } => stamps.back().map_or(0, |s| s.at_us + limit.period_us),
             State::Meter { level, at_us } => bucket::empty_at_us(limit, *level, *at_us),
         }
     }
@@ -265,17 +270,52 @@ impl State {
             State::Sliding {
                 current, previous, ..
             } => *current == 0 && *previous == 0,
-            State::Log(log) => log.is_empty(),
+            State::Log { stamps, .. } => stamps.is_empty(),
             State::Meter { level, .. } => *level == 0,
         }
     }
 }
 
-/// Decides `hits` against `state` at `now_us`. The returned state is what the store keeps if
-/// it commits (it must only commit an allowed verdict).
-pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+/// What an allowed decision changes. The sliding log describes its change rather than copying
+/// its stamps; the other states are a few integers and are simply replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Update {
+    Keep,
+    Set(State),
+    /// Drop the `expired` oldest stamps, then add `hits` at `at_us`.
+    Log {
+        expired: usize,
+        at_us: u64,
+        hits: u64,
+    },
+}
+
+impl State {
+    pub fn apply(&mut self, update: Update) {
+        match update {
+            Update::Keep => {}
+            Update::Set(state) => *self = state,
+            Update::Log {
+                expired,
+                at_us,
+                hits,
+            } => sliding_log::apply(self, expired, at_us, hits),
+        }
+    }
+
+    /// A copy with `update` applied.
+    pub fn after(&self, update: &Update) -> State {
+        let mut next = self.clone();
+        next.apply(update.clone());
+        next
+    }
+}
+
+/// Decides `hits` against `state` at `now_us`. The update is what the store applies if it
+/// commits (it must only commit an allowed verdict).
+pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     if limit.requests == 0 {
-        return (never(limit, now_us, hits), state.clone());
+        return (never(limit, now_us, hits), Update::Keep);
     }
     match limit.algorithm {
         Algorithm::FixedWindow => fixed_window::decide(limit, state, now_us, hits),

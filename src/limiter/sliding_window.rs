@@ -5,7 +5,7 @@
 //! The estimate assumes the previous window's requests were spread evenly; its error is bounded
 //! by the previous window's count times how unevenly they arrived.
 
-use super::{Limit, State, Verdict};
+use super::{Limit, State, Update, Verdict};
 
 struct Window {
     start_us: u64,
@@ -40,7 +40,7 @@ fn current(limit: &Limit, state: &State, now_us: u64) -> Window {
     }
 }
 
-pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     let w = current(limit, state, now_us);
     let p = limit.period_ticks();
     let elapsed = (now_us - w.start_us) / limit.tick_us;
@@ -68,7 +68,7 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
             current,
             previous: w.previous,
         };
-        return (verdict, next);
+        return (verdict, Update::Set(next));
     }
     let full_reset = to_end + if w.current > 0 { limit.period_us } else { 0 };
     let retry_after_us = if hits > limit.requests {
@@ -83,11 +83,9 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
     } else {
         // In the next window the current counter becomes the previous one:
         // current × (P − e') + hits × P <= requests × P.
-        let e_at = if w.current == 0 {
-            0
-        } else {
-            p - ((limit.requests - hits) * p / w.current).min(p)
-        };
+        let e_at = ((limit.requests - hits) * p)
+            .checked_div(w.current)
+            .map_or(0, |max_weight| p - max_weight.min(p));
         to_end + e_at * limit.tick_us
     };
     let verdict = Verdict {
@@ -96,7 +94,7 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         reset_after_us: full_reset,
         retry_after_us,
     };
-    (verdict, state.clone())
+    (verdict, Update::Keep)
 }
 
 pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> State {

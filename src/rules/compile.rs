@@ -5,9 +5,20 @@ use super::{Domain, KeyBranch, Level, Node, Pattern, Rule, RuleError, Tier, Unit
 use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit};
 
-/// Compiles one file; `Err` lists every problem found in it.
-pub fn compile_file(file: &str, text: &str) -> Result<Domain, Vec<RuleError>> {
-    let raw = parse(text).map_err(|e| vec![yaml_error(file, &e)])?;
+/// A file that did not compile: every problem found in it, and its domain when it names one
+/// (so a duplicate domain in another file is still reported).
+#[derive(Debug)]
+pub struct FileErrors {
+    pub domain: Option<String>,
+    pub errors: Vec<RuleError>,
+}
+
+/// Compiles one file.
+pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
+    let raw = parse(text).map_err(|e| FileErrors {
+        domain: None,
+        errors: vec![yaml_error(file, &e)],
+    })?;
     let mut c = Compiler {
         file,
         errors: Vec::new(),
@@ -19,7 +30,10 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, Vec<RuleError>> {
     }
     let root = c.level(&raw.descriptors, "descriptors", &name, "");
     if !c.errors.is_empty() {
-        return Err(c.errors);
+        return Err(FileErrors {
+            domain: Some(name).filter(|n| !n.is_empty()),
+            errors: c.errors,
+        });
     }
     Ok(Domain {
         name,

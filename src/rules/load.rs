@@ -77,21 +77,26 @@ pub fn load_texts<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<RuleSet, RuleErrors> {
     let mut set = RuleSet::default();
+    let mut seen = std::collections::HashSet::new();
     let mut errors = Vec::new();
     for (name, text) in files {
-        match compile_file(name, text) {
-            Ok(domain) => {
-                if set.domains.contains_key(&domain.name) {
-                    errors.push(RuleError {
-                        file: name.to_owned(),
-                        location: "domain".into(),
-                        message: format!("duplicate domain '{}' in config file", domain.name),
-                    });
-                } else {
-                    set.domains.insert(domain.name.clone(), domain);
-                }
+        let (domain, compiled) = match compile_file(name, text) {
+            Ok(domain) => (Some(domain.name.clone()), Some(domain)),
+            Err(mut e) => {
+                errors.append(&mut e.errors);
+                (e.domain, None)
             }
-            Err(mut e) => errors.append(&mut e),
+        };
+        if let Some(domain) = domain.filter(|d| !seen.insert(d.clone())) {
+            errors.push(RuleError {
+                file: name.to_owned(),
+                location: "domain".into(),
+                message: format!("duplicate domain '{domain}' in config file"),
+            });
+            continue;
+        }
+        if let Some(compiled) = compiled {
+            set.domains.insert(compiled.name.clone(), compiled);
         }
     }
     if errors.is_empty() {

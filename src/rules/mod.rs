@@ -16,7 +16,7 @@ mod unit;
 use std::collections::HashMap;
 use std::fmt;
 
-pub use compile::compile_file;
+pub use compile::{FileErrors, compile_file};
 pub use load::{load_path, load_texts};
 pub use pattern::Pattern;
 pub use unit::Unit;

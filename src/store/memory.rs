@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Check, CheckKind, Outcome, Store, StoreError};
 use crate::clock::Clock;
-use crate::limiter::{self, State, Verdict};
+use crate::limiter::{self, State, Update, Verdict};
 
 const SHARDS: usize = 256;
 
@@ -105,9 +105,9 @@ impl MemoryStore {
             order.iter().map(|&s| lock(&self.shards[s])).collect();
         let slot = |i: usize| order.binary_search(&shard_of[i]).expect("locked above");
 
-        // Decide every check against the committed state, or against the pending state of an
-        // earlier check of this batch on the same key (a request may name one counter twice).
-        let mut pending: Vec<Option<State>> = vec![None; checks.len()];
+        // Decide every check against the committed state, or against the state after the
+        // earlier checks of this batch on the same key (a request may name one counter twice).
+        let mut updates: Vec<Option<Update>> = vec![None; checks.len()];
         let mut verdicts = Vec::with_capacity(checks.len());
         let mut allowed = true;
         let mut new_keys = 0;
@@ -116,22 +116,26 @@ impl MemoryStore {
                 verdicts.push(Verdict::default());
                 continue;
             }
-            let earlier = (0..i)
-                .rev()
-                .find(|&j| pending[j].is_some() && checks[j].key == c.key);
-            let current = match earlier {
-                Some(j) => pending[j].as_ref().expect("found as some"),
-                None => match guards[slot(i)].get(c.key) {
-                    Some(e) => &e.state,
-                    None => &EMPTY,
-                },
+            let committed = guards[slot(i)].get(c.key).map(|e| &e.state);
+            let earlier: Vec<&Update> = (0..i)
+                .filter(|&j| checks[j].key == c.key)
+                .filter_map(|j| updates[j].as_ref())
+                .collect();
+            let (verdict, update) = if earlier.is_empty() {
+                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits)
+            } else {
+                let mut state = committed.cloned().unwrap_or_default();
+                for u in earlier {
+                    state.apply(u.clone());
+                }
+                limiter::decide(c.limit, &state, now, c.hits)
             };
-            let (verdict, next) = limiter::decide(c.limit, current, now, c.hits);
             if verdict.allowed {
-                if earlier.is_none() && !guards[slot(i)].contains_key(c.key) && !next.is_empty() {
+                let first_for_key = !(0..i).any(|j| updates[j].is_some() && checks[j].key == c.key);
+                if committed.is_none() && first_for_key && update != Update::Keep {
                     new_keys += 1;
                 }
-                pending[i] = Some(next);
+                updates[i] = Some(update);
             } else if c.kind == CheckKind::Enforce {
                 allowed = false;
             }
@@ -148,10 +152,10 @@ impl MemoryStore {
                 let current = shard.get(c.key).map_or(&EMPTY, |e| &e.state);
                 let (verdict, next) = limiter::refund(c.limit, current, now, c.hits);
                 verdicts[i] = verdict;
-                self.store(shard, c, next);
-            } else if let Some(next) = pending[i].take() {
+                self.commit(shard, c, Update::Set(next));
+            } else if let Some(update) = updates[i].take() {
                 if allowed {
-                    self.store(shard, c, next);
+                    self.commit(shard, c, update);
                 } else {
                     verdicts[i] = verdicts[i].unconsumed(c.hits);
                 }
@@ -160,31 +164,27 @@ impl MemoryStore {
         Ok(Outcome { allowed, verdicts })
     }
 
-    fn store(&self, shard: &mut Shard, check: &Check<'_>, state: State) {
-        if state.is_empty() {
-            if shard.remove(check.key).is_some() {
-                self.keys.fetch_sub(1, Ordering::Relaxed);
-            }
+    /// Applies `update` to the key's state in place; an empty result forgets the key.
+    fn commit(&self, shard: &mut Shard, check: &Check<'_>, update: Update) {
+        if update == Update::Keep {
             return;
         }
-        let expires_at_us = state.expires_at_us(check.limit);
-        match shard.get_mut(check.key) {
-            Some(e) => {
-                *e = Entry {
-                    state,
-                    expires_at_us,
-                }
-            }
+        let entry = match shard.get_mut(check.key) {
+            Some(e) => e,
             None => {
-                shard.insert(
-                    check.key.into(),
-                    Entry {
-                        state,
-                        expires_at_us,
-                    },
-                );
                 self.keys.fetch_add(1, Ordering::Relaxed);
+                shard.entry(check.key.into()).or_insert(Entry {
+                    state: State::Empty,
+                    expires_at_us: 0,
+                })
             }
+        };
+        entry.state.apply(update);
+        if entry.state.is_empty() {
+            shard.remove(check.key);
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            entry.expires_at_us = entry.state.expires_at_us(check.limit);
         }
     }
 }

@@ -85,3 +85,68 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A minimal HTTP/1.1 client: enough for the admin endpoints, without another dependency.
+pub async fn http_call(addr: std::net::SocketAddr, raw: String) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(raw.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_call(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+pub async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    http_call(
+        addr,
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await
+}
+
+/// The whole HTTP response (status line, headers, body) of a GET with extra request headers.
+pub async fn http_get_raw(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut raw = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        raw.push_str(&format!("{k}: {v}\r\n"));
+    }
+    raw.push_str("\r\n");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(raw.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+/// A tool the tests need from the Python venv that `scripts/test` makes (`.venv`), or from the
+/// environment variable `var`. Fails the test with instructions when missing: an end-to-end
+/// test that silently skips checks nothing.
+pub fn venv_tool(var: &str, name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(var) {
+        return PathBuf::from(p);
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin").join(name);
+    assert!(
+        p.exists(),
+        "{name} not found at {}: run scripts/test (it makes .venv with tests/requirements.txt) or set {var}",
+        p.display()
+    );
+    p
+}

@@ -1,0 +1,95 @@
+//! The `sluice` binary: `validate` output and exit codes, and `serve` start-up and SIGTERM.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+#[test]
+fn validate_accepts_the_sample_rules() {
+    let out = sluice()
+        .args(["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok: 2 domains, 12 rules\n");
+}
+
+#[test]
+fn validate_prints_every_error_and_exits_1() {
+    let dir = common::temp_dir("validate");
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n  - key: k\n    rate_limit: {unit: second}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("b.yaml"), "domain: a\n").unwrap();
+    let out = sluice().arg("validate").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let a = dir.join("a.yaml").display().to_string();
+    let b = dir.join("b.yaml").display().to_string();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "{a}: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'\n\
+             {a}: descriptors[1]: duplicate descriptor composite key 'a.k'\n\
+             {b}: domain: duplicate domain 'a' in config file\n"
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_invalid_rules_with_the_reason() {
+    let dir = common::temp_dir("serve-bad");
+    std::fs::write(dir.join("a.yaml"), "domain: a\ndescriptors:\n  - value: v\n").unwrap();
+    let out = sluice()
+        .arg("serve")
+        .arg("--config")
+        .arg(&dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("descriptors[0]: descriptor has empty key"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn serve_answers_and_exits_0_on_sigterm() {
+    let http = common::free_port();
+    let grpc = common::free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .env("SLUICE_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .env("SLUICE_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+        .env("SLUICE_HTTP_ADDR", format!("127.0.0.1:{http}"))
+        .env("SLUICE_LOG_FORMAT", "json")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "sluice did not start listening");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(common::http_get(addr, "/healthcheck").await.0, 200);
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.9"}]}]}"#;
+    assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
+
+    let pid = child.id().unwrap() as i32;
+    let kill = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    child.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+    assert!(stderr.contains("\"message\":\"stopped\""), "{stderr}");
+}

@@ -1,0 +1,204 @@
+//! End to end through a real Envoy 1.40: curl-like HTTP requests to Envoy's listener, Envoy
+//! calls sluice over gRPC, and the answers come back as 200/429 with the headers.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice::engine::EngineSettings;
+
+const RULES: &str = r#"
+domain: e2e
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 3, name: api_key}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100, name: path}
+  - key: generic_key
+    value: per_key_path
+    descriptors:
+      - key: api_key
+        descriptors:
+          - key: path
+            rate_limit: {unit: minute, requests_per_unit: 50}
+"#;
+
+fn bootstrap(front: u16, backend: u16, admin: u16, rls: u16) -> String {
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front_http
+          route_config:
+            virtual_hosts:
+            - name: front
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: backend
+                  rate_limits:
+                  - actions: [{{request_headers: {{header_name: x-api-key, descriptor_key: api_key}}}}]
+                  - actions: [{{request_headers: {{header_name: ":path", descriptor_key: path}}}}]
+                  - actions:
+                    - generic_key: {{descriptor_value: per_key_path}}
+                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+                    - request_headers: {{header_name: ":path", descriptor_key: path}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: e2e
+              failure_mode_deny: false
+              timeout: 2s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                grpc_service: {{envoy_grpc: {{cluster_name: rls}}, timeout: 2s}}
+                transport_api_version: V3
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - name: backend
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: backend_http
+          route_config:
+            virtual_hosts:
+            - name: backend
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: rls
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: rls
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
+  - name: backend
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: backend
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}}}}}]}}]
+"#
+    )
+}
+
+struct Envoy(std::process::Child);
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    response
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+}
+
+fn status(response: &str) -> u16 {
+    response[9..12].parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_sluice_decisions() {
+    let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
+    // sluice renders retry-after; Envoy renders the x-ratelimit-* headers from the statuses.
+    let server = start(RULES, "retry-after", EngineSettings::default()).await;
+    let rls = server.running.grpc_addr.port();
+    let (front, backend, admin) = (free_port(), free_port(), free_port());
+    let dir = temp_dir("envoy");
+    let config = dir.join("envoy.yaml");
+    std::fs::write(&config, bootstrap(front, backend, admin, rls)).unwrap();
+
+    let validate = std::process::Command::new(&envoy_bin)
+        .args(["--mode", "validate", "-c"])
+        .arg(&config)
+        .output()
+        .expect("envoy runs");
+    assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stderr));
+
+    let _envoy = Envoy(
+        std::process::Command::new(&envoy_bin)
+            .arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("envoy starts"),
+    );
+    // Envoy is a separate process: wait (bounded) until its admin says it is ready.
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if tokio::net::TcpStream::connect(admin_addr).await.is_ok()
+            && http_get(admin_addr, "/ready").await.0 == 200
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "envoy did not become ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let front_addr = format!("127.0.0.1:{front}").parse().unwrap();
+    for i in 0..3 {
+        let r = http_get_raw(front_addr, "/p", &[("x-api-key", "k1")]).await;
+        assert_eq!(status(&r), 200, "request {i}: {r}");
+        assert_eq!(
+            header(&r, "x-ratelimit-limit"),
+            Some("3, 3;w=60;name=\"api_key\", 100;w=60;name=\"path\", 50;w=60"),
+            "{r}"
+        );
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some((2 - i).to_string().as_str()));
+    }
+    let r = http_get_raw(front_addr, "/p", &[("x-api-key", "k1")]).await;
+    assert_eq!(status(&r), 429, "{r}");
+    assert_eq!(header(&r, "x-envoy-ratelimited"), Some("true"));
+    let retry: u64 = header(&r, "retry-after").expect("retry-after").parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+
+    // All-or-nothing: the denied requests did not consume the path's counter (3 of 100 used).
+    let r = http_get_raw(front_addr, "/p", &[]).await;
+    assert_eq!(status(&r), 200);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("96"), "{r}");
+
+    let stats = http_get(admin_addr, "/stats?filter=ratelimit").await.1;
+    assert!(stats.contains("cluster.backend.ratelimit.over_limit: 1"), "{stats}");
+    assert!(stats.contains("cluster.backend.ratelimit.ok: 4"), "{stats}");
+
+    server.running.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

