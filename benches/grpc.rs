@@ -57,7 +57,8 @@ impl proto::RateLimitService for NoOp {
 }
 
 fn round_trip(c: &mut Criterion) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    // One thread for client and servers: the number is the stack's work, not cross-thread wake-ups.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (sluice_client, noop_client) = rt.block_on(async {
         let rules = load_texts([("bench.yaml", RULES)]).unwrap();
         let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);

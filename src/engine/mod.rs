@@ -101,7 +101,7 @@ impl<S: Store> Engine<S> {
             return Ok(Decision::all_ok(request.descriptors.len()));
         };
 
-        let mut keys = KeyBuf::default();
+        let mut keys = KeyBuf::with_capacity(64 * request.descriptors.len());
         let mut resolved = Vec::with_capacity(request.descriptors.len());
         for (i, d) in request.descriptors.iter().enumerate() {
             let start = keys.len();
@@ -142,7 +142,7 @@ impl<S: Store> Engine<S> {
             .flat_map(|t| t.replaces.iter().map(String::as_str))
             .collect();
 
-        let mut planned = Vec::new();
+        let mut planned = Vec::with_capacity(request.descriptors.len());
         for (i, (r, d)) in resolved.iter().zip(&request.descriptors).enumerate() {
             let tiers: &[Tier] = match &r.limits {
                 Limits::Tiers(t) => t,

@@ -39,7 +39,7 @@ pub struct ReportedLimit {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub unit_multiplier: u32,
-    pub name: Option<String>,
+    pub name: Option<std::sync::Arc<str>>,
 }
 
 impl ReportedLimit {

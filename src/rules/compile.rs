@@ -293,7 +293,7 @@ impl Compiler<'_> {
             raw.burst.map(u64::from),
         ) {
             Ok(limit) => Some(Tier {
-                name: raw.name.clone(),
+                name: raw.name.as_deref().map(Into::into),
                 unit,
                 unit_multiplier,
                 requests_per_unit,

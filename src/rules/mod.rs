@@ -121,7 +121,8 @@ pub struct Rule {
 /// One limit of a rule (a rule has several with `rate_limits:`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tier {
-    pub name: Option<String>,
+    /// Shared, so a status can report it without copying.
+    pub name: Option<std::sync::Arc<str>>,
     pub unit: Unit,
     pub unit_multiplier: u32,
     pub requests_per_unit: u32,

@@ -141,7 +141,7 @@ fn status(s: &engine::Status) -> proto::DescriptorStatus {
         current_limit: s.limit.as_ref().map(|l| proto::RateLimit {
             requests_per_unit: l.requests_per_unit,
             unit: response_unit(l.unit) as i32,
-            name: l.name.clone().unwrap_or_default(),
+            name: l.name.as_deref().unwrap_or_default().to_owned(),
             // Unset means 1; only a real multiplier goes on the wire.
             unit_multiplier: (l.unit_multiplier != 1).then_some(l.unit_multiplier),
         }),

@@ -110,7 +110,7 @@ fn limited(
             requests_per_unit: rpu,
             unit,
             unit_multiplier: mult,
-            name: name.map(str::to_owned),
+            name: name.map(Into::into),
         }),
         remaining,
         duration_us: Some(us),

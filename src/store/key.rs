@@ -18,6 +18,12 @@ pub struct KeyBuf {
 }
 
 impl KeyBuf {
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+        }
+    }
+
     pub fn clear(&mut self) {
         self.bytes.clear();
     }

@@ -2,7 +2,6 @@
 //! shards it touches in ascending order (so two batches never deadlock), decides every check,
 //! then commits all or nothing before unlocking.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,16 +14,36 @@ use crate::limiter::{self, State, Update, Verdict};
 const SHARDS: usize = 256;
 
 struct Entry {
+    key: Box<[u8]>,
+    hash: u64,
     state: State,
     /// When `state` is empty again; the sweeper forgets the key then.
     expires_at_us: u64,
 }
 
-type Shard = HashMap<Box<[u8]>, Entry>;
+type Shard = hashbrown::HashTable<Entry>;
+
+/// One check's place during a batch.
+struct Slot {
+    hash: u64,
+    shard: usize,
+    /// What the check changes if the batch commits.
+    update: Option<Update>,
+}
+
+/// SipHash (std's keyed, HashDoS-resistant hasher) computed once per key: bits 32.. pick the
+/// shard, and the table uses the low bits and the top 7, so the two choices are independent.
+fn shard_index(hash: u64) -> usize {
+    ((hash >> 32) % SHARDS as u64) as usize
+}
+
+fn find<'a>(shard: &'a Shard, key: &[u8], hash: u64) -> Option<&'a Entry> {
+    shard.find(hash, |e| *e.key == *key)
+}
 
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    shard_hasher: RandomState,
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
     max_keys: usize,
     keys: AtomicUsize,
@@ -50,8 +69,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            shard_hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
+            hasher: RandomState::new(),
             clock,
             max_keys,
             keys: AtomicUsize::new(0),
@@ -67,9 +86,6 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard_of(&self, key: &[u8]) -> usize {
-        (self.shard_hasher.hash_one(key) % SHARDS as u64) as usize
-    }
 
     /// Forgets every key whose state is empty by now. Returns how many were dropped.
     pub fn sweep(&self) -> usize {
@@ -97,17 +113,29 @@ impl MemoryStore {
 
     fn apply_locked(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let now = self.clock.now_micros();
-        let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
-        let mut order = shard_of.clone();
+        let mut slots: Vec<Slot> = checks
+            .iter()
+            .map(|c| {
+                let hash = self.hasher.hash_one(c.key);
+                Slot {
+                    hash,
+                    shard: shard_index(hash),
+                    update: None,
+                }
+            })
+            .collect();
+        let mut order: Vec<usize> = slots.iter().map(|s| s.shard).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&s| lock(&self.shards[s])).collect();
-        let slot = |i: usize| order.binary_search(&shard_of[i]).expect("locked above");
+        let guard_of = |shard: usize| order.binary_search(&shard).expect("locked above");
+        let same_key = |slots: &[Slot], j: usize, i: usize| {
+            slots[j].hash == slots[i].hash && checks[j].key == checks[i].key
+        };
 
         // Decide every check against the committed state, or against the state after the
         // earlier checks of this batch on the same key (a request may name one counter twice).
-        let mut updates: Vec<Option<Update>> = vec![None; checks.len()];
         let mut verdicts = Vec::with_capacity(checks.len());
         let mut allowed = true;
         let mut new_keys = 0;
@@ -116,26 +144,25 @@ impl MemoryStore {
                 verdicts.push(Verdict::default());
                 continue;
             }
-            let committed = guards[slot(i)].get(c.key).map(|e| &e.state);
-            let earlier: Vec<&Update> = (0..i)
-                .filter(|&j| checks[j].key == c.key)
-                .filter_map(|j| updates[j].as_ref())
-                .collect();
-            let (verdict, update) = if earlier.is_empty() {
-                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits)
-            } else {
+            let shard = &guards[guard_of(slots[i].shard)];
+            let committed = find(shard, c.key, slots[i].hash).map(|e| &e.state);
+            let repeated = (0..i).any(|j| slots[j].update.is_some() && same_key(&slots, j, i));
+            let (verdict, update) = if repeated {
                 let mut state = committed.cloned().unwrap_or_default();
-                for u in earlier {
-                    state.apply(u.clone());
+                for j in (0..i).filter(|&j| same_key(&slots, j, i)) {
+                    if let Some(u) = &slots[j].update {
+                        state.apply(u.clone());
+                    }
                 }
                 limiter::decide(c.limit, &state, now, c.hits)
+            } else {
+                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits)
             };
             if verdict.allowed {
-                let first_for_key = !(0..i).any(|j| updates[j].is_some() && checks[j].key == c.key);
-                if committed.is_none() && first_for_key && update != Update::Keep {
+                if committed.is_none() && !repeated && update != Update::Keep {
                     new_keys += 1;
                 }
-                updates[i] = Some(update);
+                slots[i].update = Some(update);
             } else if c.kind == CheckKind::Enforce {
                 allowed = false;
             }
@@ -146,18 +173,18 @@ impl MemoryStore {
             return Err(StoreError::Full(self.max_keys));
         }
 
-        for (i, c) in checks.iter().enumerate() {
-            let shard = &mut guards[slot(i)];
+        for (c, (slot, verdict)) in checks.iter().zip(slots.iter_mut().zip(&mut verdicts)) {
+            let shard = &mut guards[guard_of(slot.shard)];
             if c.kind == CheckKind::Refund {
-                let current = shard.get(c.key).map_or(&EMPTY, |e| &e.state);
-                let (verdict, next) = limiter::refund(c.limit, current, now, c.hits);
-                verdicts[i] = verdict;
-                self.commit(shard, c, Update::Set(next));
-            } else if let Some(update) = updates[i].take() {
+                let current = find(shard, c.key, slot.hash).map_or(&EMPTY, |e| &e.state);
+                let (refunded, next) = limiter::refund(c.limit, current, now, c.hits);
+                *verdict = refunded;
+                self.commit(shard, c, slot.hash, Update::Set(next));
+            } else if let Some(update) = slot.update.take() {
                 if allowed {
-                    self.commit(shard, c, update);
+                    self.commit(shard, c, slot.hash, update);
                 } else {
-                    verdicts[i] = verdicts[i].unconsumed(c.hits);
+                    *verdict = verdict.unconsumed(c.hits);
                 }
             }
         }
@@ -165,33 +192,37 @@ impl MemoryStore {
     }
 
     /// Applies `update` to the key's state in place; an empty result forgets the key.
-    fn commit(&self, shard: &mut Shard, check: &Check<'_>, update: Update) {
+    fn commit(&self, shard: &mut Shard, check: &Check<'_>, hash: u64, update: Update) {
         if update == Update::Keep {
             return;
         }
-        let entry = match shard.get_mut(check.key) {
-            Some(e) => e,
-            None => {
+        let entry = shard.entry(hash, |e| *e.key == *check.key, |e| e.hash);
+        let mut occupied = match entry {
+            hashbrown::hash_table::Entry::Occupied(o) => o,
+            hashbrown::hash_table::Entry::Vacant(v) => {
                 self.keys.fetch_add(1, Ordering::Relaxed);
-                shard.entry(check.key.into()).or_insert(Entry {
+                v.insert(Entry {
+                    key: check.key.into(),
+                    hash,
                     state: State::Empty,
                     expires_at_us: 0,
                 })
             }
         };
-        entry.state.apply(update);
-        if entry.state.is_empty() {
-            shard.remove(check.key);
+        let e = occupied.get_mut();
+        e.state.apply(update);
+        if e.state.is_empty() {
+            occupied.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
         } else {
-            entry.expires_at_us = entry.state.expires_at_us(check.limit);
+            e.expires_at_us = e.state.expires_at_us(check.limit);
         }
     }
 }
 
 fn sweep_shard(shard: &mut Shard, now: u64) -> usize {
     let before = shard.len();
-    shard.retain(|_, e| e.expires_at_us > now);
+    shard.retain(|e| e.expires_at_us > now);
     before - shard.len()
 }
 
