@@ -54,7 +54,10 @@ fn engine(c: &mut Criterion) {
         let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
         let engine = Engine::new(rules, store, EngineSettings::default());
         let d = |entries: &[(&str, &str)]| Descriptor {
-            entries: entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            entries: entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             hits: 1,
             ..Descriptor::default()
         };

@@ -23,7 +23,10 @@ fn request() -> proto::RateLimitRequest {
     let d = |entries: &[(&str, &str)]| proto::RateLimitDescriptor {
         entries: entries
             .iter()
-            .map(|(k, v)| proto::Entry { key: k.to_string(), value: v.to_string() })
+            .map(|(k, v)| proto::Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
             .collect(),
         ..Default::default()
     };
@@ -50,7 +53,13 @@ impl proto::RateLimitService for NoOp {
         let n = r.into_inner().descriptors.len();
         Ok(tonic::Response::new(proto::RateLimitResponse {
             overall_code: proto::Code::Ok as i32,
-            statuses: vec![proto::DescriptorStatus { code: proto::Code::Ok as i32, ..Default::default() }; n],
+            statuses: vec![
+                proto::DescriptorStatus {
+                    code: proto::Code::Ok as i32,
+                    ..Default::default()
+                };
+                n
+            ],
             ..Default::default()
         }))
     }
@@ -58,7 +67,10 @@ impl proto::RateLimitService for NoOp {
 
 fn round_trip(c: &mut Criterion) {
     // One thread for client and servers: the number is the stack's work, not cross-thread wake-ups.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let (sluice_client, noop_client) = rt.block_on(async {
         let rules = load_texts([("bench.yaml", RULES)]).unwrap();
         let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
@@ -70,7 +82,9 @@ fn round_trip(c: &mut Criterion) {
             housekeeping_every: Duration::from_secs(5),
         };
         let running = server::start(options, engine).await.unwrap();
-        let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr)).await.unwrap();
+        let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))
+            .await
+            .unwrap();
         std::mem::forget(running);
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -80,11 +94,16 @@ fn round_trip(c: &mut Criterion) {
                 .add_service(RateLimitServiceServer::new(NoOp))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
-        let noop = RateLimitServiceClient::connect(format!("http://{addr}")).await.unwrap();
+        let noop = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
         (sluice, noop)
     });
     let mut group = c.benchmark_group("grpc_round_trip");
-    for (name, client) in [("sluice_memory", sluice_client), ("noop_server", noop_client)] {
+    for (name, client) in [
+        ("sluice_memory", sluice_client),
+        ("noop_server", noop_client),
+    ] {
         let client: RateLimitServiceClient<Channel> = client;
         group.bench_function(name, |b| {
             b.to_async(&rt).iter(|| {

@@ -16,7 +16,10 @@ fn validate_accepts_the_sample_rules() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok: 2 domains, 12 rules\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ok: 2 domains, 12 rules\n"
+    );
 }
 
 #[test]
@@ -46,7 +49,11 @@ fn validate_prints_every_error_and_exits_1() {
 #[test]
 fn serve_refuses_invalid_rules_with_the_reason() {
     let dir = common::temp_dir("serve-bad");
-    std::fs::write(dir.join("a.yaml"), "domain: a\ndescriptors:\n  - value: v\n").unwrap();
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - value: v\n",
+    )
+    .unwrap();
     let out = sluice()
         .arg("serve")
         .arg("--config")
@@ -56,7 +63,10 @@ fn serve_refuses_invalid_rules_with_the_reason() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("descriptors[0]: descriptor has empty key"), "{err}");
+    assert!(
+        err.contains("descriptors[0]: descriptor has empty key"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -66,7 +76,10 @@ async fn serve_answers_and_exits_0_on_sigterm() {
     let grpc = common::free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("serve")
-        .env("SLUICE_CONFIG", concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .env(
+            "SLUICE_CONFIG",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        )
         .env("SLUICE_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
         .env("SLUICE_HTTP_ADDR", format!("127.0.0.1:{http}"))
         .env("SLUICE_LOG_FORMAT", "json")
@@ -84,12 +97,25 @@ async fn serve_answers_and_exits_0_on_sigterm() {
     assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
 
     let pid = child.id().unwrap() as i32;
-    let kill = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap();
+    let kill = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(status.code(), Some(0));
     let mut stderr = String::new();
     use tokio::io::AsyncReadExt;
-    child.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
     assert!(stderr.contains("\"message\":\"stopped\""), "{stderr}");
 }

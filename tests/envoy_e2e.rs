@@ -148,13 +148,23 @@ async fn envoy_enforces_sluice_decisions() {
         .arg(&config)
         .output()
         .expect("envoy runs");
-    assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stderr));
+    assert!(
+        validate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&validate.stderr)
+    );
 
     let _envoy = Envoy(
         std::process::Command::new(&envoy_bin)
             .arg("-c")
             .arg(&config)
-            .args(["--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"])
+            .args([
+                "--disable-hot-restart",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -182,12 +192,18 @@ async fn envoy_enforces_sluice_decisions() {
             Some("3, 3;w=60;name=\"api_key\", 100;w=60;name=\"path\", 50;w=60"),
             "{r}"
         );
-        assert_eq!(header(&r, "x-ratelimit-remaining"), Some((2 - i).to_string().as_str()));
+        assert_eq!(
+            header(&r, "x-ratelimit-remaining"),
+            Some((2 - i).to_string().as_str())
+        );
     }
     let r = http_get_raw(front_addr, "/p", &[("x-api-key", "k1")]).await;
     assert_eq!(status(&r), 429, "{r}");
     assert_eq!(header(&r, "x-envoy-ratelimited"), Some("true"));
-    let retry: u64 = header(&r, "retry-after").expect("retry-after").parse().unwrap();
+    let retry: u64 = header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
 
     // All-or-nothing: the denied requests did not consume the path's counter (3 of 100 used).
@@ -196,7 +212,10 @@ async fn envoy_enforces_sluice_decisions() {
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("96"), "{r}");
 
     let stats = http_get(admin_addr, "/stats?filter=ratelimit").await.1;
-    assert!(stats.contains("cluster.backend.ratelimit.over_limit: 1"), "{stats}");
+    assert!(
+        stats.contains("cluster.backend.ratelimit.over_limit: 1"),
+        "{stats}"
+    );
     assert!(stats.contains("cluster.backend.ratelimit.ok: 4"), "{stats}");
 
     server.running.stop().await.unwrap();

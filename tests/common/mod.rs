@@ -121,7 +121,11 @@ pub async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u
 }
 
 /// The whole HTTP response (status line, headers, body) of a GET with extra request headers.
-pub async fn http_get_raw(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> String {
+pub async fn http_get_raw(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut raw = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -142,7 +146,9 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     if let Ok(p) = std::env::var(var) {
         return PathBuf::from(p);
     }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".venv/bin")
+        .join(name);
     assert!(
         p.exists(),
         "{name} not found at {}: run scripts/test (it makes .venv with tests/requirements.txt) or set {var}",
