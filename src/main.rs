@@ -14,7 +14,9 @@ use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::rules::load_path;
 use sluice::server::{self, Options};
 use sluice::service::HeaderSet;
-use sluice::store::MemoryStore;
+use sluice::store::breaker::Breaker;
+use sluice::store::redis::{RedisOptions, RedisStore, Topology, redact};
+use sluice::store::{FailureMode, MemoryStore, Resilient, Store};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +52,24 @@ enum Command {
 #[derive(Clone, Copy, ValueEnum)]
 enum Backend {
     Memory,
+    Redis,
+    RedisCluster,
+}
+
+/// A duration such as `10ms`, `2s` or `1500us`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 10ms or 2s"))?;
+    match unit {
+        "us" => Ok(Duration::from_micros(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("'{s}': the unit must be us, ms or s")),
+    }
 }
 
 #[derive(clap::Args)]
@@ -63,6 +83,28 @@ struct ServeArgs {
     http_addr: SocketAddr,
     #[arg(long, env = "SLUICE_BACKEND", value_enum, default_value_t = Backend::Memory)]
     backend: Backend,
+    /// redis://[user:pass@]host:port[/db] (rediss:// for TLS); for redis-cluster, a comma list
+    /// of seed nodes.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Connections per pool.
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 16)]
+    redis_pool_size: usize,
+    /// The most one Redis call may take before the failure policy answers (Envoy's default
+    /// filter timeout is 20ms).
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
+    redis_timeout: Duration,
+    /// Prefix of every Redis key (no braces).
+    #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
+    redis_key_prefix: String,
+    /// When Redis cannot answer: allow, deny, local (this node decides alone) or error (gRPC
+    /// UNAVAILABLE, so Envoy's failure_mode_deny decides). A rule's `failure_mode` overrides it.
+    #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "local")]
+    failure_mode: FailureMode,
     /// Headers sluice adds: a comma list of retry-after, draft03, ietf, or none.
     #[arg(
         long,
@@ -157,25 +199,60 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         housekeeping_every: Duration::from_secs(5),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let memory = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
+    let topology = match args.backend {
+        Backend::Memory => None,
+        Backend::Redis => Some(Topology::Standalone(args.redis_url.clone())),
+        Backend::RedisCluster => Some(Topology::Cluster(
+            args.redis_url
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .collect(),
+        )),
+    };
     runtime.block_on(async move {
-        match args.backend {
-            Backend::Memory => {
-                let store = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
-                let engine = Arc::new(Engine::new(rules, store, settings));
-                let running = server::start(options, engine).await?;
-                shutdown_signal().await;
-                tracing::info!("shutting down");
-                running.stop().await
+        match topology {
+            None => run(options, Engine::new(rules, memory, settings)).await,
+            Some(topology) => {
+                tracing::info!(
+                    backend = ?args.backend.to_possible_value().map(|v| v.get_name().to_owned()),
+                    url = %redact(&args.redis_url),
+                    timeout = ?args.redis_timeout,
+                    failure_mode = %args.failure_mode,
+                    "using Redis"
+                );
+                let redis = RedisStore::new(&RedisOptions {
+                    topology,
+                    pool_size: args.redis_pool_size,
+                    timeout: args.redis_timeout,
+                    key_prefix: args.redis_key_prefix.clone(),
+                })?;
+                let breaker = Breaker::new(5, Duration::from_millis(500), Arc::new(SystemClock));
+                let store = Resilient::new(redis, memory, breaker, args.failure_mode);
+                run(options, Engine::new(rules, store, settings)).await
             }
         }
     })
 }
 
+async fn run<S: Store>(options: Options, engine: Engine<S>) -> anyhow::Result<()> {
+    let running = server::start(options, Arc::new(engine)).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.stop().await
+}
+
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

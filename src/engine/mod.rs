@@ -55,6 +55,8 @@ struct Resolved<'r> {
     limits: Limits<'r>,
     /// Bytes of the descriptor's key prefix (domain and matched entries) in the key buffer.
     prefix: Range<usize>,
+    /// Bytes that pick the Redis Cluster slot: the prefix, or the rule's `hash_tag` entry.
+    tag: Range<usize>,
 }
 
 /// One check before its key slice is borrowed.
@@ -62,6 +64,11 @@ struct Planned<'r> {
     descriptor: usize,
     tier: &'r Tier,
     key: Range<usize>,
+    /// The descriptor's prefix: what picks the Redis Cluster slot.
+    tag: Range<usize>,
+    /// Index of the check that carries it (repeats of one counter share a check).
+    check: usize,
+    on_failure: Option<crate::store::FailureMode>,
     kind: CheckKind,
     hits: u64,
 }
@@ -124,10 +131,24 @@ impl<S: Store> Engine<S> {
                     keys.entry(k, crate::rules::KeyPart::Value(v));
                 }
             }
+            let prefix = start..keys.len();
+            let tagged = rule
+                .and_then(|r| r.hash_tag.as_deref())
+                .and_then(|tag_key| d.entries.iter().find(|(k, _)| k == tag_key));
+            let tag = match tagged {
+                Some((k, v)) => {
+                    let tag_start = keys.len();
+                    keys.domain(&request.domain);
+                    keys.entry(k, crate::rules::KeyPart::Value(v));
+                    tag_start..keys.len()
+                }
+                None => prefix.clone(),
+            };
             resolved.push(Resolved {
                 rule,
                 limits,
-                prefix: start..keys.len(),
+                prefix,
+                tag,
             });
         }
 
@@ -167,21 +188,50 @@ impl<S: Store> Engine<S> {
                     descriptor: i,
                     tier,
                     key: start..keys.len(),
+                    tag: r.tag.clone(),
+                    check: 0,
+                    on_failure: r.rule.and_then(|r| r.failure_mode),
                     kind,
                     hits: d.hits,
                 });
             }
         }
 
-        let checks: Vec<Check<'_>> = planned
-            .iter()
-            .map(|p| Check {
-                key: keys.slice(p.key.clone()),
-                limit: &p.tier.limit,
-                hits: p.hits,
-                kind: p.kind,
-            })
-            .collect();
+        // One check per counter: a request that names a counter twice (two identical
+        // descriptors) charges it once with the sum of the hits, so every store sees each
+        // consuming key once.
+        let mut checks: Vec<Check<'_>> = Vec::with_capacity(planned.len());
+        for p in planned.iter_mut() {
+            let key = keys.slice(p.key.clone());
+            let repeat = (p.kind != CheckKind::Refund)
+                .then(|| {
+                    checks
+                        .iter()
+                        .position(|c| c.kind != CheckKind::Refund && c.key == key)
+                })
+                .flatten();
+            match repeat {
+                Some(j) => {
+                    let c = &mut checks[j];
+                    c.hits = c.hits.saturating_add(p.hits);
+                    if p.kind == CheckKind::Enforce {
+                        c.kind = CheckKind::Enforce;
+                    }
+                    p.check = j;
+                }
+                None => {
+                    p.check = checks.len();
+                    checks.push(Check {
+                        key,
+                        tag: keys.slice(p.tag.clone()),
+                        limit: &p.tier.limit,
+                        hits: p.hits,
+                        kind: p.kind,
+                        on_failure: p.on_failure,
+                    });
+                }
+            }
+        }
         let outcome = self.store.apply(&checks).await?;
 
         let mut statuses: Vec<Status> = resolved
@@ -194,7 +244,8 @@ impl<S: Store> Engine<S> {
         // Per descriptor: the denying tier (the one that waits longest), else the tier with the
         // least remaining.
         let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
-        for (p, v) in planned.iter().zip(&outcome.verdicts) {
+        for p in &planned {
+            let v = &outcome.verdicts[p.check];
             let slot = &mut chosen[p.descriptor];
             let better = match slot {
                 None => true,

@@ -158,6 +158,26 @@ async fn replaces_drops_the_named_limit_within_the_request() {
 }
 
 #[tokio::test]
+async fn a_counter_named_twice_is_charged_the_sum() {
+    let (_, e) = engine(EngineSettings::default());
+    let d = run(
+        &e,
+        vec![desc(&[("bucket", "w")], 1), desc(&[("bucket", "w")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(d.statuses[0].remaining, 0);
+    assert_eq!(d.statuses[1].remaining, 0);
+    let d = run(
+        &e,
+        vec![desc(&[("bucket", "v")], 2), desc(&[("bucket", "v")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::OverLimit, "3 hits on a burst of 2");
+    assert_eq!(d.statuses[0].remaining, 2, "nothing was consumed");
+}
+
+#[tokio::test]
 async fn shadow_rules_count_but_never_deny() {
     let (_, e) = engine(EngineSettings::default());
     assert_eq!(

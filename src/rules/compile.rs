@@ -169,10 +169,23 @@ impl Compiler<'_> {
             (None, None) => Vec::new(),
         };
         let rule = if limits.is_empty() {
+            for (set, field) in [
+                (raw.failure_mode.is_some(), "failure_mode"),
+                (raw.hash_tag.is_some(), "hash_tag"),
+            ] {
+                if set {
+                    self.error(
+                        &format!("{here}.{field}"),
+                        format!(
+                            "{field} applies only to a descriptor with rate_limit or rate_limits"
+                        ),
+                    );
+                }
+            }
             None
         } else {
             self.rule_count += 1;
-            Some(self.rule(raw, &limits, path))
+            Some(self.rule(raw, here, &limits, path))
         };
         Node {
             rule,
@@ -186,7 +199,13 @@ impl Compiler<'_> {
         }
     }
 
-    fn rule(&mut self, raw: &RawDescriptor, limits: &[(String, &RawLimit)], path: &str) -> Rule {
+    fn rule(
+        &mut self,
+        raw: &RawDescriptor,
+        here: &str,
+        limits: &[(String, &RawLimit)],
+        path: &str,
+    ) -> Rule {
         let unlimited = limits.iter().any(|(_, l)| l.unlimited);
         if unlimited && limits.len() > 1 {
             self.error(
@@ -216,8 +235,24 @@ impl Compiler<'_> {
                 seen.push(name);
             }
         }
+        let failure_mode = match raw.failure_mode.as_deref().map(str::parse) {
+            Some(Err(e)) => {
+                self.error(&format!("{here}.failure_mode"), e);
+                None
+            }
+            Some(Ok(mode)) => Some(mode),
+            None => None,
+        };
+        if raw.hash_tag.as_deref() == Some("") {
+            self.error(
+                &format!("{here}.hash_tag"),
+                "hash_tag must name an entry key".into(),
+            );
+        }
         Rule {
             path: path.to_owned(),
+            failure_mode,
+            hash_tag: raw.hash_tag.clone().filter(|t| !t.is_empty()),
             tiers: if unlimited { Vec::new() } else { tiers },
             unlimited,
             shadow_mode: raw.shadow_mode,

@@ -116,6 +116,10 @@ pub struct Rule {
     pub detailed_metric: bool,
     pub value_to_metric: bool,
     pub quota_mode: bool,
+    /// What to answer when the shared backend cannot (None: the server's default).
+    pub failure_mode: Option<crate::store::FailureMode>,
+    /// The entry key whose value picks the Redis Cluster slot (None: the whole descriptor).
+    pub hash_tag: Option<String>,
 }
 
 /// One limit of a rule (a rule has several with `rate_limits:`).

@@ -35,6 +35,12 @@ pub struct RawDescriptor {
     /// returned in dynamic metadata yet.
     #[serde(rename = "metadata")]
     pub _metadata: Option<serde::de::IgnoredAny>,
+    /// Extension: what to answer when the shared backend (Redis) cannot: allow, deny, local or
+    /// error.
+    pub failure_mode: Option<String>,
+    /// Extension: put this descriptor's counters in the Redis Cluster slot of the entry with
+    /// this key (e.g. `tenant`), so descriptors sharing that entry are decided in one script.
+    pub hash_tag: Option<String>,
     #[serde(default)]
     pub descriptors: Vec<RawDescriptor>,
 }

@@ -12,7 +12,7 @@ pub use headers::{HeaderSet, HeaderSetError};
 use crate::engine::{self, Code, Decision, Engine, EngineError, LimitOverride};
 use crate::proto::{self, OverrideUnit, RateLimitRequest, RateLimitResponse, ResponseUnit};
 use crate::rules::Unit;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// Serves `ShouldRateLimit` from an [`Engine`].
 pub struct RateLimitGrpc<S> {
@@ -56,7 +56,7 @@ fn to_status(e: EngineError) -> Status {
     match e {
         EngineError::Invalid(m) => Status::invalid_argument(m),
         // Envoy treats a non-OK status as an error and applies its failure_mode_deny.
-        EngineError::Store(e @ StoreError::Full(_)) => Status::unavailable(e.to_string()),
+        EngineError::Store(e) => Status::unavailable(e.to_string()),
     }
 }
 

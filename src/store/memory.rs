@@ -129,12 +129,9 @@ impl MemoryStore {
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&s| lock(&self.shards[s])).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).expect("locked above");
-        let same_key = |slots: &[Slot], j: usize, i: usize| {
-            slots[j].hash == slots[i].hash && checks[j].key == checks[i].key
-        };
 
-        // Decide every check against the committed state, or against the state after the
-        // earlier checks of this batch on the same key (a request may name one counter twice).
+        // Decide every check (keys are unique among consuming checks: the engine merges
+        // repeats), then commit all or nothing.
         let mut verdicts = Vec::with_capacity(checks.len());
         let mut allowed = true;
         let mut new_keys = 0;
@@ -145,20 +142,10 @@ impl MemoryStore {
             }
             let shard = &guards[guard_of(slots[i].shard)];
             let committed = find(shard, c.key, slots[i].hash).map(|e| &e.state);
-            let repeated = (0..i).any(|j| slots[j].update.is_some() && same_key(&slots, j, i));
-            let (verdict, update) = if repeated {
-                let mut state = committed.cloned().unwrap_or_default();
-                for j in (0..i).filter(|&j| same_key(&slots, j, i)) {
-                    if let Some(u) = &slots[j].update {
-                        state.apply(u.clone());
-                    }
-                }
-                limiter::decide(c.limit, &state, now, c.hits)
-            } else {
-                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits)
-            };
+            let (verdict, update) =
+                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits);
             if verdict.allowed {
-                if committed.is_none() && !repeated && update != Update::Keep {
+                if committed.is_none() && update != Update::Keep {
                     new_keys += 1;
                 }
                 slots[i].update = Some(update);
@@ -173,18 +160,22 @@ impl MemoryStore {
         }
 
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter_mut().zip(&mut verdicts)) {
-            let shard = &mut guards[guard_of(slot.shard)];
+            if let Some(update) = slot.update.take() {
+                if allowed {
+                    self.commit(&mut guards[guard_of(slot.shard)], c, slot.hash, update);
+                } else {
+                    *verdict = verdict.unconsumed(c.hits);
+                }
+            }
+        }
+        // Refunds last, on the committed state, whatever the decision.
+        for (c, (slot, verdict)) in checks.iter().zip(slots.iter().zip(&mut verdicts)) {
             if c.kind == CheckKind::Refund {
+                let shard = &mut guards[guard_of(slot.shard)];
                 let current = find(shard, c.key, slot.hash).map_or(&EMPTY, |e| &e.state);
                 let (refunded, next) = limiter::refund(c.limit, current, now, c.hits);
                 *verdict = refunded;
                 self.commit(shard, c, slot.hash, Update::Set(next));
-            } else if let Some(update) = slot.update.take() {
-                if allowed {
-                    self.commit(shard, c, slot.hash, update);
-                } else {
-                    *verdict = verdict.unconsumed(c.hits);
-                }
             }
         }
         Ok(Outcome { allowed, verdicts })

@@ -1,13 +1,17 @@
 //! Where limiter state lives. One call, [`Store::apply`], decides a whole request's checks
 //! all-or-nothing: if any enforced check is denied, no check consumes anything.
 
+pub mod breaker;
 pub mod key;
 mod memory;
+pub mod redis;
+mod resilient;
 
 use std::future::Future;
 
 pub use key::KeyBuf;
 pub use memory::MemoryStore;
+pub use resilient::{FailureMode, Resilient};
 
 use crate::limiter::{Limit, Verdict};
 
@@ -27,9 +31,14 @@ pub enum CheckKind {
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
     pub key: &'a [u8],
+    /// The bytes that choose the key's Redis Cluster slot (the descriptor's domain and entries,
+    /// so all tiers of a descriptor share a slot). The memory store ignores it.
+    pub tag: &'a [u8],
     pub limit: &'a Limit,
     pub hits: u64,
     pub kind: CheckKind,
+    /// The rule's failure mode, when it sets one (else the store's default).
+    pub on_failure: Option<FailureMode>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -37,6 +46,9 @@ pub enum StoreError {
     /// The memory store is at `--max-keys` and cannot track a new counter.
     #[error("the store holds its maximum of {0} keys")]
     Full(usize),
+    /// The backend cannot answer now (down, erroring, too slow, circuit open).
+    #[error("the rate limit backend is unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// The outcome of a batch: one verdict per check, in order, and whether the batch was allowed.
@@ -56,4 +68,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Periodic upkeep (the memory store forgets expired keys). Called every few seconds.
     fn housekeeping(&self) {}
+
+    /// Whether the backend answers now (false while a remote store's circuit is open).
+    fn backend_up(&self) -> bool {
+        true
+    }
 }

@@ -156,3 +156,4 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     );
     p
 }
+pub mod redis;

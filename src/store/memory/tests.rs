@@ -12,9 +12,11 @@ fn store(max_keys: usize) -> (Arc<ManualClock>, MemoryStore) {
 fn check<'a>(key: &'a [u8], limit: &'a Limit, hits: u64) -> Check<'a> {
     Check {
         key,
+        tag: key,
         limit,
         hits,
         kind: CheckKind::Enforce,
+        on_failure: None,
     }
 }
 
@@ -51,18 +53,17 @@ fn shadow_checks_never_deny_the_batch() {
 }
 
 #[test]
-fn one_counter_named_twice_in_a_batch_counts_twice() {
+fn a_refund_and_a_charge_on_one_counter_both_count() {
     let (_, s) = store(100);
     let three = Limit::new(Algorithm::SlidingLog, 3, S, None).unwrap();
-    let out = s
-        .apply_now(&[check(b"k", &three, 2), check(b"k", &three, 1)])
-        .unwrap();
-    assert!(out.allowed);
-    assert_eq!(out.verdicts[1].remaining, 0);
-    let out = s
-        .apply_now(&[check(b"j", &three, 2), check(b"j", &three, 2)])
-        .unwrap();
-    assert!(!out.allowed);
+    assert!(s.apply_now(&[check(b"k", &three, 3)]).unwrap().allowed);
+    let refund = Check {
+        kind: CheckKind::Refund,
+        ..check(b"k", &three, 2)
+    };
+    // The refund comes first in the batch but applies after the charge.
+    let out = s.apply_now(&[refund, check(b"k", &three, 0)]).unwrap();
+    assert_eq!(out.verdicts[0].remaining, 2);
 }
 
 #[test]

@@ -1,0 +1,36 @@
+-- Twin of src/limiter/fixed_window.rs. State: "start count".
+
+local function fixed_window_current(key, lim, now)
+  local start = now - mod(now, lim.period)
+  local s = load_ints(key)
+  local count = 0
+  if s and s[1] == start then count = s[2] end
+  return start, count
+end
+
+local function fixed_window_decide(key, lim, now, hits)
+  local start, count = fixed_window_current(key, lim, now)
+  local to_end = start + lim.period - now
+  if hits <= lim.requests and count <= lim.requests - hits then
+    count = count + hits
+    local commit = function()
+      if count == 0 then
+        store_ints(key, nil)
+      else
+        store_ints(key, { start, count }, start + lim.period, now)
+      end
+    end
+    return { 1, lim.requests - count, to_end, 0 }, commit
+  end
+  return { 0, math.max(lim.requests - count, 0), to_end, to_end }, nil
+end
+
+local function fixed_window_refund(key, lim, now, hits)
+  local start, count = fixed_window_current(key, lim, now)
+  count = math.max(count - hits, 0)
+  if count == 0 then
+    store_ints(key, nil)
+  else
+    store_ints(key, { start, count }, start + lim.period, now)
+  end
+end

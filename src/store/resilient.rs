@@ -1,0 +1,186 @@
+//! The failure policy around a remote store: when it is unreachable, erroring, slower than its
+//! timeout, or its circuit is open, each check is decided by its rule's `failure_mode` (or the
+//! default): `allow` (OK), `deny` (OVER_LIMIT), `local` (this node's memory store decides) or
+//! `error` (the call fails with UNAVAILABLE and Envoy's failure_mode_deny decides).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::breaker::{Breaker, BreakerState};
+use super::{Check, CheckKind, MemoryStore, Outcome, Store, StoreError};
+use crate::limiter::Verdict;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureMode {
+    Allow,
+    Deny,
+    /// The default: keeps limiting during an outage, with each node enforcing the limit on its
+    /// own traffic.
+    #[default]
+    Local,
+    Error,
+}
+
+impl FailureMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
+            FailureMode::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FailureMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allow" => Ok(Self::Allow),
+            "deny" => Ok(Self::Deny),
+            "local" => Ok(Self::Local),
+            "error" => Ok(Self::Error),
+            _ => Err(format!(
+                "unknown failure mode '{s}' (expected allow, deny, local or error)"
+            )),
+        }
+    }
+}
+
+/// Retry-After for checks denied by the `deny` policy: the backend's state is unknown.
+const POLICY_RETRY_US: u64 = 1_000_000;
+
+pub struct Resilient<P> {
+    primary: P,
+    local: MemoryStore,
+    breaker: Breaker,
+    default_mode: FailureMode,
+    /// Decisions the failure policy took (for metrics and tests).
+    policy_decisions: AtomicU64,
+}
+
+impl<P: Store> Resilient<P> {
+    pub fn new(
+        primary: P,
+        local: MemoryStore,
+        breaker: Breaker,
+        default_mode: FailureMode,
+    ) -> Self {
+        Self {
+            primary,
+            local,
+            breaker,
+            default_mode,
+            policy_decisions: AtomicU64::new(0),
+        }
+    }
+
+    pub fn primary(&self) -> &P {
+        &self.primary
+    }
+
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    pub fn policy_decisions(&self) -> u64 {
+        self.policy_decisions.load(Ordering::Relaxed)
+    }
+
+    fn fallback(&self, checks: &[Check<'_>], cause: StoreError) -> Result<Outcome, StoreError> {
+        self.policy_decisions.fetch_add(1, Ordering::Relaxed);
+        let mode_of = |c: &Check<'_>| c.on_failure.unwrap_or(self.default_mode);
+        if checks.iter().any(|c| mode_of(c) == FailureMode::Error) {
+            return Err(cause);
+        }
+        let denied_by_policy = checks
+            .iter()
+            .any(|c| c.kind == CheckKind::Enforce && mode_of(c) == FailureMode::Deny);
+        let local: Vec<(usize, Check<'_>)> = checks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| mode_of(c) == FailureMode::Local)
+            .map(|(i, c)| {
+                // When the policy denies anyway, only look (hits 0): nothing may be consumed.
+                let hits = if denied_by_policy && c.kind != CheckKind::Refund {
+                    0
+                } else {
+                    c.hits
+                };
+                (i, Check { hits, ..*c })
+            })
+            .collect();
+        let local_checks: Vec<Check<'_>> = local.iter().map(|(_, c)| *c).collect();
+        let local_outcome = if local_checks.is_empty() {
+            Outcome {
+                allowed: true,
+                verdicts: Vec::new(),
+            }
+        } else {
+            self.local.apply_now(&local_checks)?
+        };
+        let mut verdicts: Vec<Verdict> = checks
+            .iter()
+            .map(|c| match mode_of(c) {
+                FailureMode::Deny if c.kind != CheckKind::Refund => Verdict {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after_us: POLICY_RETRY_US,
+                    retry_after_us: POLICY_RETRY_US,
+                },
+                _ => Verdict {
+                    allowed: true,
+                    remaining: c.limit.requests,
+                    reset_after_us: 0,
+                    retry_after_us: 0,
+                },
+            })
+            .collect();
+        for ((i, _), v) in local.iter().zip(local_outcome.verdicts) {
+            verdicts[*i] = v;
+        }
+        Ok(Outcome {
+            allowed: !denied_by_policy && local_outcome.allowed,
+            verdicts,
+        })
+    }
+}
+
+impl<P: Store> Store for Resilient<P> {
+    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        if !self.breaker.allow() {
+            return self.fallback(
+                checks,
+                StoreError::Unavailable("circuit open after repeated backend failures".into()),
+            );
+        }
+        match self.primary.apply(checks).await {
+            Ok(outcome) => {
+                self.breaker.success();
+                Ok(outcome)
+            }
+            Err(e @ StoreError::Unavailable(_)) => {
+                self.breaker.failure();
+                tracing::debug!(error = %e, "backend call failed; applying the failure policy");
+                self.fallback(checks, e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn housekeeping(&self) {
+        self.local.housekeeping();
+        self.primary.housekeeping();
+    }
+
+    fn backend_up(&self) -> bool {
+        self.breaker.state() == BreakerState::Closed
+    }
+}

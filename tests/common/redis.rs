@@ -1,0 +1,196 @@
+//! Real redis-server processes for tests, on free loopback ports, stopped on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    cluster: bool,
+    child: Option<Child>,
+}
+
+/// A port `p` with `p` and `p + 10000` (the cluster bus) both free.
+fn free_port_pair() -> u16 {
+    for _ in 0..1000 {
+        let p = 20_000 + rand_u16() % 9_000;
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
+        {
+            return p;
+        }
+    }
+    panic!("no free port pair for redis");
+}
+
+fn rand_u16() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.finish() as u16
+}
+
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs (apt-get install redis-server)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::spawn(false)
+    }
+
+    fn spawn(cluster: bool) -> Self {
+        let port = free_port_pair();
+        let dir = super::temp_dir(&format!("redis-{port}"));
+        let mut server = Self {
+            port,
+            dir,
+            cluster,
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port.
+    pub fn restart(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .args(["--cluster-config-file", "nodes.conf"]);
+        }
+        self.child = Some(
+            cmd.spawn()
+                .expect("redis-server starts (apt-get install redis-server)"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while redis_cli(self.port, &["PING"]).trim() != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three masters, all 16384 slots assigned, `cluster_state:ok` on every node.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::spawn(true)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &self.nodes {
+            while !n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster did not reach cluster_state:ok"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node id and port of the master that serves `slot`.
+    pub fn owner_of(&self, slot: u16) -> (String, u16) {
+        for n in &self.nodes {
+            let nodes = n.cli(&["CLUSTER", "NODES"]);
+            let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
+                continue;
+            };
+            let fields: Vec<&str> = me.split_whitespace().collect();
+            for range in &fields[8..] {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(a), Ok(b)) = (a.parse::<u16>(), b.parse::<u16>())
+                    && (a..=b).contains(&slot)
+                {
+                    return (fields[0].to_owned(), n.port);
+                }
+            }
+        }
+        panic!("no owner for slot {slot}");
+    }
+
+    pub fn node_id(&self, port: u16) -> String {
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of the cluster");
+        let nodes = n.cli(&["CLUSTER", "NODES"]);
+        let me = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .expect("myself");
+        me.split_whitespace().next().unwrap().to_owned()
+    }
+}

@@ -1,0 +1,439 @@
+//! The Redis and Redis Cluster backends against real redis-server processes: the same
+//! decisions as memory, accuracy under concurrency, one script call per slot, TTLs, the failure
+//! policy when Redis dies and comes back, and slot migration during traffic.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use sluice::clock::{Clock, ManualClock};
+use sluice::engine::{Code, Decision, Descriptor, Engine, EngineError, EngineSettings, Request};
+use sluice::rules::load_texts;
+use sluice::store::breaker::Breaker;
+use sluice::store::redis::{RedisOptions, RedisStore, Topology};
+use sluice::store::{FailureMode, MemoryStore, Resilient, Store};
+
+const S: u64 = 1_000_000;
+
+const RULES: &str = r#"
+domain: d
+descriptors:
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: sliding
+    rate_limit: {unit: second, requests_per_unit: 6, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: sliding_log}
+  - key: token
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: token_bucket, burst: 5}
+  - key: leaky
+    rate_limit: {unit: minute, requests_per_unit: 30, algorithm: leaky_bucket, burst: 4}
+  - key: gcra
+    rate_limit: {unit: second, requests_per_unit: 7, algorithm: gcra, burst: 2}
+  - key: tiers
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, algorithm: gcra, name: fast}
+      - {unit: minute, requests_per_unit: 20, algorithm: sliding_log, name: slow}
+      - {unit: second, requests_per_unit: 2, unit_multiplier: 5, algorithm: sliding_window, name: five}
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+
+fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
+    RedisStore::new(&RedisOptions {
+        topology,
+        pool_size: 4,
+        timeout,
+        key_prefix: "sluice:".into(),
+    })
+    .unwrap()
+}
+
+fn pinned_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<RedisStore> {
+    let store = redis_store(topology, Duration::from_secs(5)).with_pinned_clock(clock.clone());
+    Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    )
+}
+
+/// xorshift64*: a reproducible sequence without another dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
+    Descriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        hits,
+        refund,
+        ..Descriptor::default()
+    }
+}
+
+fn random_request(rng: &mut Rng) -> Request {
+    const KEYS: [&str; 9] = [
+        "fixed", "sliding", "log", "token", "leaky", "gcra", "tiers", "zero", "shadow",
+    ];
+    const VALUES: [&str; 3] = ["a", "b{x}", "c:}{"];
+    let n = 1 + rng.below(3) as usize;
+    let descriptors = (0..n)
+        .map(|_| {
+            let key = KEYS[rng.below(KEYS.len() as u64) as usize];
+            let value = VALUES[rng.below(VALUES.len() as u64) as usize];
+            let hits = [0, 1, 1, 1, 2, 3][rng.below(6) as usize];
+            let refund = rng.below(10) == 0;
+            descriptor(&[(key, value)], hits, refund)
+        })
+        .collect();
+    Request {
+        domain: "d".into(),
+        descriptors,
+    }
+}
+
+/// Drives the same random sequence through memory and Redis at the same (manual) times.
+async fn differential(topology: Topology, seed: u64, steps: usize) {
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
+    let memory = Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        MemoryStore::new(clock.clone(), 100_000),
+        EngineSettings::default(),
+    );
+    let redis = pinned_engine(topology, &clock);
+    let mut rng = Rng(seed);
+    let (mut over, mut ok) = (0, 0);
+    for step in 0..steps {
+        let dt = match rng.below(10) {
+            0 => rng.below(3 * S),
+            1..=3 => 0,
+            _ => rng.below(300_000),
+        };
+        clock.advance(dt);
+        let request = random_request(&mut rng);
+        let want: Decision = memory.decide(&request).await.unwrap();
+        let got: Decision = redis.decide(&request).await.unwrap();
+        assert_eq!(got, want, "seed {seed} step {step}: {request:?}");
+        if want.code == Code::OverLimit {
+            over += 1;
+        } else {
+            ok += 1;
+        }
+    }
+    assert!(
+        over > steps / 10 && ok > steps / 10,
+        "the sequence exercised both answers: {ok} ok, {over} over"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_decides_exactly_as_memory() {
+    let redis = RedisServer::start();
+    for seed in [1, 2, 3] {
+        redis.cli(&["FLUSHALL"]);
+        differential(Topology::Standalone(redis.url()), seed, 400).await;
+    }
+    // No key is left without a TTL.
+    let keys = redis.cli(&["--scan"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert!(!keys.is_empty());
+    for key in keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+        // -2: it expired between SCAN and PTTL. -1 would be a key without a TTL.
+        assert!(ttl > 0 || ttl == -2, "{key} has PTTL {ttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_decides_exactly_as_memory() {
+    let cluster = RedisCluster::start();
+    differential(Topology::Cluster(cluster.urls()), 7, 400).await;
+    // Keys are spread over the masters (values with braces did not pin them to one slot).
+    let per_node: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["DBSIZE"]).trim().parse().unwrap())
+        .collect();
+    assert!(
+        per_node.iter().filter(|&&n| n > 0).count() >= 2,
+        "{per_node:?}"
+    );
+}
+
+const CONCURRENT_RULES: &str = r#"
+domain: c
+descriptors:
+  - {key: fixed_window, rate_limit: {unit: hour, requests_per_unit: 150}}
+  - {key: sliding_window, rate_limit: {unit: hour, requests_per_unit: 150, algorithm: sliding_window}}
+  - {key: sliding_log, rate_limit: {unit: hour, requests_per_unit: 150, algorithm: sliding_log}}
+  - {key: token_bucket, rate_limit: {unit: hour, requests_per_unit: 150, algorithm: token_bucket}}
+  - {key: leaky_bucket, rate_limit: {unit: hour, requests_per_unit: 150, algorithm: leaky_bucket}}
+  - {key: gcra, rate_limit: {unit: hour, requests_per_unit: 150, algorithm: gcra}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_nodes_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start();
+    for topology in [
+        Topology::Standalone(redis.url()),
+        Topology::Cluster(cluster.urls()),
+    ] {
+        for alg in [
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+            "token_bucket",
+            "leaky_bucket",
+            "gcra",
+        ] {
+            let n = admitted_concurrently_with(topology.clone(), alg).await;
+            // With all requests at one instant the sliding window's estimate is exact too.
+            assert_eq!(n, 150, "{alg} on {topology:?}");
+        }
+    }
+}
+
+/// 4 sluice nodes, each with its own pool, 100 concurrent requests each, on one key.
+async fn admitted_concurrently_with(topology: Topology, alg: &str) -> u64 {
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store =
+            redis_store(topology.clone(), Duration::from_secs(5)).with_pinned_clock(clock.clone());
+        let engine = Arc::new(Engine::new(
+            load_texts([("c.yaml", CONCURRENT_RULES)]).unwrap(),
+            store,
+            EngineSettings::default(),
+        ));
+        for _ in 0..100 {
+            let (engine, admitted, alg) = (engine.clone(), admitted.clone(), alg.to_owned());
+            tasks.push(tokio::spawn(async move {
+                let r = Request {
+                    domain: "c".into(),
+                    descriptors: vec![descriptor(&[(&alg, "hot")], 1, false)],
+                };
+                if engine.decide(&r).await.unwrap().code == Code::Ok {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+fn commandstat(info: &str, command: &str) -> u64 {
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_slot_group() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![
+            descriptor(&[("tiers", "a")], 1, false),
+            descriptor(&[("fixed", "a")], 1, false),
+            descriptor(&[("log", "a")], 1, false),
+        ],
+    };
+    let allowed = |d: Decision| assert_eq!(d.code, Code::Ok, "no rollback calls in this test");
+    engine.decide(&request).await.unwrap(); // loads the script
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..20 {
+        clock.advance(5 * S);
+        allowed(engine.decide(&request).await.unwrap());
+    }
+    let info = redis.cli(&["INFO", "commandstats"]);
+    assert_eq!(commandstat(&info, "evalsha"), 20, "{info}");
+    // INFO commandstats also counts what the script runs (GET, SET, ...); of the commands only a
+    // client sends, there is none but EVALSHA: no health-check PING, no EVAL, no SCRIPT LOAD.
+    for client_only in ["ping", "unwatch", "eval", "script", "multi", "exec"] {
+        assert_eq!(commandstat(&info, client_only), 0, "{client_only}: {info}");
+    }
+
+    // In a cluster: 3 descriptors in (most likely) 3 slots, one EVALSHA each, and all 5 limits
+    // of `tiers` in one slot.
+    let cluster = RedisCluster::start();
+    let engine = pinned_engine(Topology::Cluster(cluster.urls()), &clock);
+    engine.decide(&request).await.unwrap();
+    for n in &cluster.nodes {
+        n.cli(&["CONFIG", "RESETSTAT"]);
+    }
+    for _ in 0..10 {
+        clock.advance(5 * S);
+        allowed(engine.decide(&request).await.unwrap());
+    }
+    let calls: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| commandstat(&n.cli(&["INFO", "commandstats"]), "evalsha"))
+        .sum();
+    assert!((10..=30).contains(&calls), "{calls}");
+}
+
+fn resilient_engine(
+    url: String,
+    mode: FailureMode,
+    timeout: Duration,
+) -> Arc<Engine<Resilient<RedisStore>>> {
+    let clock: Arc<dyn Clock> = Arc::new(sluice::clock::SystemClock);
+    let store = Resilient::new(
+        redis_store(Topology::Standalone(url), timeout),
+        MemoryStore::new(clock.clone(), 10_000),
+        Breaker::new(3, Duration::from_millis(200), clock),
+        mode,
+    );
+    let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: local_only\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    Arc::new(Engine::new(
+        load_texts([("f.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    ))
+}
+
+fn req(key: &str) -> Request {
+    Request {
+        domain: "f".into(),
+        descriptors: vec![descriptor(&[(key, "v")], 1, false)],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_applies_the_policy_and_recovers() {
+    let mut redis = RedisServer::start();
+    let timeout = Duration::from_millis(50);
+    let engines = [
+        (
+            FailureMode::Allow,
+            resilient_engine(redis.url(), FailureMode::Allow, timeout),
+        ),
+        (
+            FailureMode::Deny,
+            resilient_engine(redis.url(), FailureMode::Deny, timeout),
+        ),
+        (
+            FailureMode::Error,
+            resilient_engine(redis.url(), FailureMode::Error, timeout),
+        ),
+        (
+            FailureMode::Local,
+            resilient_engine(redis.url(), FailureMode::Local, timeout),
+        ),
+    ];
+    for (_, e) in &engines {
+        assert_eq!(e.decide(&req("k")).await.unwrap().code, Code::Ok);
+    }
+    redis.kill();
+    for round in 0..20 {
+        for (mode, e) in &engines {
+            let started = Instant::now();
+            let result = e.decide(&req("k")).await;
+            let took = started.elapsed();
+            assert!(
+                took < timeout + Duration::from_millis(200),
+                "{mode} round {round} took {took:?}"
+            );
+            match (mode, result) {
+                (FailureMode::Allow | FailureMode::Local, Ok(d)) => assert_eq!(d.code, Code::Ok),
+                (FailureMode::Deny, Ok(d)) => {
+                    assert_eq!(d.code, Code::OverLimit);
+                    assert_eq!(d.retry_after_us, Some(S));
+                }
+                (FailureMode::Error, Err(EngineError::Store(_))) => {}
+                (mode, other) => panic!("{mode}: {other:?}"),
+            }
+            // The rule's own failure_mode wins over the default: this node limits alone.
+            let local = e.decide(&req("local_only")).await;
+            if round < 2 {
+                assert_eq!(local.unwrap().code, Code::Ok, "{mode} round {round}");
+            } else {
+                assert_eq!(local.unwrap().code, Code::OverLimit, "{mode} round {round}");
+            }
+        }
+    }
+    // With the circuit open, calls answer without waiting for a timeout.
+    let started = Instant::now();
+    for _ in 0..100 {
+        let _ = engines[0].1.decide(&req("k")).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!engines[0].1.store().backend_up());
+
+    redis.restart();
+    for (mode, e) in &engines {
+        let back = Instant::now();
+        loop {
+            let before: u64 = redis.cli(&["DBSIZE"]).trim().parse().unwrap();
+            // A counter of its own per mode, so each engine's first write shows in DBSIZE.
+            let own = Request {
+                domain: "f".into(),
+                descriptors: vec![descriptor(&[("k", mode.name())], 1, false)],
+            };
+            let _ = e.decide(&own).await;
+            let after: u64 = redis.cli(&["DBSIZE"]).trim().parse().unwrap();
+            if e.store().backend_up() && after > before {
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(1),
+                "{mode} did not recover within a second"
+            );
+            let _ = mode;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let engine = resilient_engine(url, FailureMode::Local, Duration::from_millis(20));
+    assert_eq!(engine.decide(&req("k")).await.unwrap().code, Code::Ok);
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        engine.decide(&req("k")).await.unwrap();
+        if redis.cli(&["DBSIZE"]).trim() != "0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reached Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
