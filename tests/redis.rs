@@ -437,3 +437,189 @@ async fn starts_while_redis_is_down() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_under_concurrent_load() {
+    let mut redis = RedisServer::start();
+    let timeout = Duration::from_millis(30);
+    let engine = resilient_engine(redis.url(), FailureMode::Local, timeout);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (engine, stop, slowest, calls) =
+            (engine.clone(), stop.clone(), slowest.clone(), calls.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = Request {
+                    domain: "f".into(),
+                    descriptors: vec![descriptor(&[("k", &format!("client-{t}"))], 1, false)],
+                };
+                let started = Instant::now();
+                let d = engine
+                    .decide(&r)
+                    .await
+                    .expect("the local policy always answers");
+                assert_eq!(d.code, Code::Ok, "{d:?}");
+                slowest.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                calls.fetch_add(1, Ordering::Relaxed);
+                // Pacing (about 1000 calls per second per task), so 16 tasks load the machine
+                // without starving it.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.restart();
+    let back = Instant::now();
+    // Traffic reaches Redis again within a second.
+    loop {
+        if redis.cli(&["DBSIZE"]).trim() != "0" && engine.store().backend_up() {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "no recovery within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("no task panicked");
+    }
+    let slowest = Duration::from_micros(slowest.load(Ordering::Relaxed));
+    assert!(
+        slowest < timeout + Duration::from_millis(250),
+        "a call took {slowest:?}"
+    );
+    assert!(calls.load(Ordering::Relaxed) > 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moves_between_masters_during_traffic() {
+    let cluster = RedisCluster::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = redis_store(Topology::Cluster(cluster.urls()), Duration::from_secs(2))
+        .with_pinned_clock(clock.clone());
+    let rules = "domain: m\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
+    let engine = Arc::new(Engine::new(
+        load_texts([("m.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    ));
+    let request = Request {
+        domain: "m".into(),
+        descriptors: vec![descriptor(&[("k", "hot")], 1, false)],
+    };
+    assert_eq!(engine.decide(&request).await.unwrap().code, Code::Ok);
+    // Find the hot key's slot and owner.
+    let (port, key) = cluster
+        .nodes
+        .iter()
+        .find_map(|n| {
+            let keys = n.cli(&["--scan"]);
+            keys.lines().next().map(|k| (n.port, k.to_owned()))
+        })
+        .expect("the key is somewhere");
+    let slot: u16 = cluster.nodes[0]
+        .cli(&["CLUSTER", "KEYSLOT", &key])
+        .trim()
+        .parse()
+        .unwrap();
+    let (source_id, source_port) = cluster.owner_of(slot);
+    assert_eq!(source_port, port);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != source_port)
+        .unwrap();
+    let target_id = cluster.node_id(target.port);
+
+    let admitted = Arc::new(AtomicU64::new(1));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (engine, request, admitted, errors) = (
+            engine.clone(),
+            request.clone(),
+            admitted.clone(),
+            errors.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                match engine.decide(&request).await {
+                    Ok(d) if d.code == Code::Ok => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    // Move the slot while the requests run: IMPORTING/MIGRATING, MIGRATE the key, then assign.
+    let source = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == source_port)
+        .unwrap();
+    target.cli(&[
+        "CLUSTER",
+        "SETSLOT",
+        &slot.to_string(),
+        "IMPORTING",
+        &source_id,
+    ]);
+    source.cli(&[
+        "CLUSTER",
+        "SETSLOT",
+        &slot.to_string(),
+        "MIGRATING",
+        &target_id,
+    ]);
+    source.cli(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &target.port.to_string(),
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        &key,
+    ]);
+    for n in &cluster.nodes {
+        n.cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &target_id]);
+    }
+    for t in tasks {
+        t.await.expect("no task panicked");
+    }
+    cluster.wait_ok();
+    assert_eq!(cluster.owner_of(slot).1, target.port);
+    // Every request was answered; the limit was never exceeded; calls that hit the move while
+    // a key was in flight may have failed (the failure policy answers those in production).
+    let admitted = admitted.load(Ordering::Relaxed);
+    let errors = errors.load(Ordering::Relaxed);
+    assert!(admitted <= 300, "{admitted}");
+    assert!(
+        admitted + errors >= 300,
+        "{admitted} admitted, {errors} errors of 401 calls"
+    );
+    // After the move, the counter carried over and the limit still holds exactly.
+    let mut more = 0;
+    for _ in 0..400 {
+        if engine.decide(&request).await.unwrap().code == Code::Ok {
+            more += 1;
+        }
+    }
+    assert_eq!(admitted + more, 300, "{admitted} before, {more} after");
+    assert_eq!(
+        target.cli(&["EXISTS", &key]).trim(),
+        "1",
+        "the key lives on the new master"
+    );
+}

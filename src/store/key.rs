@@ -1,15 +1,16 @@
-//! Counter identities. A key is an unambiguous byte encoding of (domain, each matched entry's
-//! key and value — or pattern, with share_threshold —, the limit's algorithm, unit and
-//! multiplier). Every string is length-prefixed, so no two different descriptors encode alike,
-//! whatever bytes their values hold. The limit's numbers are not part of the key, so a changed
-//! limit keeps its counter; a changed algorithm or unit starts a new one.
+//! Counter identities. A key is an unambiguous encoding of (domain, each matched entry's key and
+//! value — or pattern, with share_threshold —, the limit's algorithm, unit and multiplier).
+//! Every string is netstring-style length-prefixed (`5:hello`), so no two different descriptors
+//! encode alike whatever bytes their values hold, and a key stays readable in `redis-cli`:
+//! `4:edgev14:remote_address8:10.0.0.1#11*1` (fixed window, per second, × 1). The limit's numbers are not part of the key, so
+//! a changed limit keeps its counter; a changed algorithm or unit starts a new one.
 
 use crate::limiter::Algorithm;
 use crate::rules::{KeyPart, Unit};
 
-const TAG_VALUE: u8 = 0;
-const TAG_PATTERN: u8 = 1;
-const TAG_LIMIT: u8 = 2;
+const TAG_VALUE: u8 = b'v';
+const TAG_PATTERN: u8 = b'p';
+const TAG_LIMIT: u8 = b'#';
 
 /// A reusable buffer holding one request's keys back to back.
 #[derive(Debug, Default, Clone)]
@@ -49,18 +50,21 @@ impl KeyBuf {
         self.bytes.extend_from_within(range);
     }
 
-    fn string(&mut self, s: &str) {
-        let mut n = s.len() as u64;
-        // LEB128 length.
+    fn number(&mut self, mut n: u64) {
+        let start = self.bytes.len();
         loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
+            self.bytes.push(b'0' + (n % 10) as u8);
+            n /= 10;
             if n == 0 {
-                self.bytes.push(byte);
                 break;
             }
-            self.bytes.push(byte | 0x80);
         }
+        self.bytes[start..].reverse();
+    }
+
+    fn string(&mut self, s: &str) {
+        self.number(s.len() as u64);
+        self.bytes.push(b':');
         self.bytes.extend_from_slice(s.as_bytes());
     }
 
@@ -80,9 +84,10 @@ impl KeyBuf {
 
     pub fn limit(&mut self, algorithm: Algorithm, unit: Unit, multiplier: u32) {
         self.bytes.push(TAG_LIMIT);
-        self.bytes.push(algorithm.id());
-        self.bytes.push(unit.id());
-        self.bytes.extend_from_slice(&multiplier.to_le_bytes());
+        self.bytes.push(b'0' + algorithm.id());
+        self.bytes.push(b'0' + unit.id());
+        self.bytes.push(b'*');
+        self.number(u64::from(multiplier));
     }
 }
 
@@ -98,6 +103,15 @@ mod tests {
         }
         k.limit(Algorithm::FixedWindow, Unit::Second, 1);
         k.slice(0..k.len()).to_vec()
+    }
+
+    #[test]
+    fn readable() {
+        let k = key("edge", &[("remote_address", KeyPart::Value("10.0.0.1"))]);
+        assert_eq!(
+            String::from_utf8(k).unwrap(),
+            "4:edgev14:remote_address8:10.0.0.1#11*1"
+        );
     }
 
     #[test]
@@ -117,7 +131,11 @@ mod tests {
         );
         assert_ne!(
             key("d", &[("a", Value("b")), ("c", Value("d"))]),
-            key("d", &[("a", Value("b\u{0}\u{1}c\u{1}d"))])
+            key("d", &[("a", Value("1:bv1:c1:d"))])
+        );
+        assert_ne!(
+            key("d", &[("a", Value("12"))]),
+            key("d", &[("a", Value("1")), ("2", Value(""))])
         );
     }
 }

@@ -184,3 +184,89 @@ impl<P: Store> Store for Resilient<P> {
         self.breaker.state() == BreakerState::Closed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Algorithm, Limit};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A backend that is always down.
+    struct Down;
+
+    impl Store for Down {
+        async fn apply(&self, _: &[Check<'_>]) -> Result<Outcome, StoreError> {
+            Err(StoreError::Unavailable("down".into()))
+        }
+    }
+
+    fn resilient(mode: FailureMode) -> Resilient<Down> {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        Resilient::new(
+            Down,
+            MemoryStore::new(clock.clone(), 100),
+            Breaker::new(2, Duration::from_secs(1), clock),
+            mode,
+        )
+    }
+
+    fn check(limit: &Limit, on_failure: Option<FailureMode>) -> Check<'_> {
+        Check {
+            key: b"k",
+            tag: b"k",
+            limit,
+            hits: 1,
+            kind: CheckKind::Enforce,
+            on_failure,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_mode_answers_as_documented() {
+        let limit = Limit::new(Algorithm::FixedWindow, 2, 60_000_000, None).unwrap();
+        let r = resilient(FailureMode::Local);
+        for i in 0..5 {
+            let out = r.apply(&[check(&limit, None)]).await.unwrap();
+            assert_eq!(out.allowed, i < 2, "local limits alone, call {i}");
+        }
+        assert_eq!(r.policy_decisions(), 5);
+        let r = resilient(FailureMode::Allow);
+        assert!(r.apply(&[check(&limit, None)]).await.unwrap().allowed);
+        let r = resilient(FailureMode::Deny);
+        let out = r.apply(&[check(&limit, None)]).await.unwrap();
+        assert!(!out.allowed);
+        assert_eq!(out.verdicts[0].retry_after_us, POLICY_RETRY_US);
+        let r = resilient(FailureMode::Error);
+        assert!(r.apply(&[check(&limit, None)]).await.is_err());
+        // A rule's own mode wins over the default.
+        assert!(
+            r.apply(&[check(&limit, Some(FailureMode::Allow))])
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+
+    #[tokio::test]
+    async fn a_policy_denial_consumes_nothing_locally() {
+        let limit = Limit::new(Algorithm::FixedWindow, 1, 60_000_000, None).unwrap();
+        let r = resilient(FailureMode::Local);
+        let denied = r
+            .apply(&[
+                check(&limit, None),
+                Check {
+                    key: b"d",
+                    ..check(&limit, Some(FailureMode::Deny))
+                },
+            ])
+            .await
+            .unwrap();
+        assert!(!denied.allowed);
+        assert!(
+            r.apply(&[check(&limit, None)]).await.unwrap().allowed,
+            "k was not consumed"
+        );
+    }
+}
