@@ -80,6 +80,7 @@ fn round_trip(c: &mut Criterion) {
             http_addr: "127.0.0.1:0".parse().unwrap(),
             headers: HeaderSet::parse("retry-after,draft03").unwrap(),
             housekeeping_every: Duration::from_secs(5),
+            reloader: None,
         };
         let running = server::start(options, engine).await.unwrap();
         let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))

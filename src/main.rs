@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice::clock::SystemClock;
 use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::rules::load_path;
+use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
 use sluice::service::HeaderSet;
 use sluice::store::breaker::Breaker;
@@ -112,6 +113,9 @@ struct ServeArgs {
         default_value = "retry-after,draft03"
     )]
     response_headers: String,
+    /// Watch --config and reload on change (SIGHUP reloads too, whatever this says).
+    #[arg(long, env = "SLUICE_WATCH", default_value_t = true, action = clap::ArgAction::Set)]
+    watch: bool,
     /// Global shadow mode: the overall answer is always OK; statuses tell the truth.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     shadow_mode: bool,
@@ -197,6 +201,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         http_addr: args.http_addr,
         headers,
         housekeeping_every: Duration::from_secs(5),
+        reloader: None,
+    };
+    let live = Live {
+        config: args.config.clone(),
+        watch: args.watch,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let memory = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
@@ -212,7 +221,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     runtime.block_on(async move {
         match topology {
-            None => run(options, Engine::new(rules, memory, settings)).await,
+            None => run(options, live, Engine::new(rules, memory, settings)).await,
             Some(topology) => {
                 tracing::info!(
                     backend = ?args.backend.to_possible_value().map(|v| v.get_name().to_owned()),
@@ -229,16 +238,56 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 })?;
                 let breaker = Breaker::new(5, Duration::from_millis(500), Arc::new(SystemClock));
                 let store = Resilient::new(redis, memory, breaker, args.failure_mode);
-                run(options, Engine::new(rules, store, settings)).await
+                run(options, live, Engine::new(rules, store, settings)).await
             }
         }
     })
 }
 
-async fn run<S: Store>(options: Options, engine: Engine<S>) -> anyhow::Result<()> {
-    let running = server::start(options, Arc::new(engine)).await?;
+/// How the rules stay live.
+struct Live {
+    config: PathBuf,
+    watch: bool,
+}
+
+async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> anyhow::Result<()> {
+    let engine = Arc::new(engine);
+    let reloader = {
+        let engine = engine.clone();
+        Arc::new(Reloader::new(live.config, &engine.rules(), move |rules| {
+            engine.replace_rules(rules)
+        }))
+    };
+    let _watch = if live.watch {
+        Some(
+            reloader
+                .watch(Duration::from_millis(200))
+                .with_context(|| format!("watching {}", reloader.path().display()))?,
+        )
+    } else {
+        None
+    };
+    let sighup = {
+        let reloader = reloader.clone();
+        tokio::spawn(async move {
+            let Ok(mut hup) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                tracing::warn!("cannot watch SIGHUP; reload by editing the rules instead");
+                return;
+            };
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the rules");
+                let reloader = reloader.clone();
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+            }
+        })
+    };
+    options.reloader = Some(reloader);
+    let running = server::start(options, engine).await?;
     shutdown_signal().await;
     tracing::info!("shutting down");
+    sighup.abort();
     running.stop().await
 }
 

@@ -15,6 +15,7 @@ use tonic_health::ServingStatus;
 
 use crate::engine::Engine;
 use crate::proto::{RateLimitServiceServer, SERVICE_NAME};
+use crate::rules::reload::Reloader;
 use crate::service::{HeaderSet, RateLimitGrpc};
 use crate::store::Store;
 
@@ -25,6 +26,8 @@ pub struct Options {
     pub headers: HeaderSet,
     /// How often the store forgets expired keys.
     pub housekeeping_every: Duration,
+    /// Reloads the rules (for `/config`); None when the rules are fixed.
+    pub reloader: Option<Arc<Reloader>>,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
@@ -73,7 +76,7 @@ pub async fn start<S: Store>(
         );
     let http = axum::serve(
         http_listener,
-        crate::admin::router(service, serving.clone()),
+        crate::admin::router(service, serving.clone(), options.reloader.clone()),
     )
     .with_graceful_shutdown(signal(stopped.clone()));
 

@@ -119,3 +119,57 @@ async fn serve_answers_and_exits_0_on_sigterm() {
         .unwrap();
     assert!(stderr.contains("\"message\":\"stopped\""), "{stderr}");
 }
+
+#[tokio::test]
+async fn sighup_reloads_even_without_watching() {
+    let dir = common::temp_dir("sighup");
+    std::fs::write(dir.join("a.yaml"), "domain: a\n").unwrap();
+    let http = common::free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--watch", "false", "--grpc-addr", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&dir)
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{http}"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "sluice did not start listening");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    // Not watching: nothing changes until SIGHUP.
+    assert_eq!(common::http_get(addr, "/rlconfig").await.1, "");
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    loop {
+        let (_, body) = common::http_get(addr, "/rlconfig").await;
+        if body.contains("a.k: unit=SECOND requests_per_unit=3") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "SIGHUP did not reload: {body:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

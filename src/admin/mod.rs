@@ -1,4 +1,5 @@
-//! The HTTP side: `GET /healthcheck` and `POST /json` (`/metrics` comes with the metrics work).
+//! The HTTP side: `GET /healthcheck`, `POST /json`, `GET /rlconfig` (the loaded rules, one line
+//! each) and `GET /config` (what the last reloads did). `/metrics` comes with the metrics work.
 
 pub mod json;
 
@@ -13,20 +14,103 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::proto::Code;
+use crate::rules::reload::Reloader;
 use crate::service::RateLimitGrpc;
 use crate::store::Store;
 
 struct AdminState<S> {
     service: Arc<RateLimitGrpc<S>>,
     serving: Arc<AtomicBool>,
+    reloader: Option<Arc<Reloader>>,
 }
 
 /// `serving` is true while rules are loaded and the server is not shutting down.
-pub fn router<S: Store>(service: Arc<RateLimitGrpc<S>>, serving: Arc<AtomicBool>) -> Router {
+pub fn router<S: Store>(
+    service: Arc<RateLimitGrpc<S>>,
+    serving: Arc<AtomicBool>,
+    reloader: Option<Arc<Reloader>>,
+) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/json", post(json_call::<S>))
-        .with_state(Arc::new(AdminState { service, serving }))
+        .route("/rlconfig", get(rlconfig::<S>))
+        .route("/config", get(config_status::<S>))
+        .with_state(Arc::new(AdminState {
+            service,
+            serving,
+            reloader,
+        }))
+}
+
+/// One line per limit, like the reference service's `/rlconfig`, plus the algorithm.
+async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let rules = state.service.engine().rules();
+    let mut domains: Vec<_> = rules.domains().collect();
+    domains.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out = String::new();
+    for d in domains {
+        for rule in d.rules() {
+            let flags = format!(
+                "shadow_mode: {}, quota_mode: {}",
+                rule.shadow_mode, rule.quota_mode
+            );
+            if rule.unlimited {
+                out.push_str(&format!("{}.{}: unlimited, {flags}\n", d.name, rule.path));
+            }
+            for t in &rule.tiers {
+                let multiplier = if t.unit_multiplier == 1 {
+                    String::new()
+                } else {
+                    format!(" unit_multiplier={}", t.unit_multiplier)
+                };
+                let name = t
+                    .name
+                    .as_deref()
+                    .map(|n| format!(", name: {n}"))
+                    .unwrap_or_default();
+                let burst = if t.limit.algorithm.has_burst() {
+                    format!(" burst={}", t.limit.burst)
+                } else {
+                    String::new()
+                };
+                out.push_str(&format!(
+                    "{}.{}: unit={}{multiplier} requests_per_unit={}, {flags}, algorithm: {}{burst}{name}\n",
+                    d.name, rule.path, t.unit, t.requests_per_unit, t.limit.algorithm
+                ));
+            }
+        }
+    }
+    (StatusCode::OK, out).into_response()
+}
+
+/// What the rules reloads did: when the serving rules were loaded, counts, and the last
+/// rejected reload's errors.
+async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let rules = state.service.engine().rules();
+    let seconds = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    let body = match &state.reloader {
+        Some(r) => {
+            let s = r.status();
+            serde_json::json!({
+                "path": r.path().display().to_string(),
+                "domains": rules.domain_count(),
+                "rules": rules.rule_count(),
+                "loaded_at": s.loaded_at.map(seconds),
+                "reloads_ok": s.reloads_ok,
+                "reloads_failed": s.reloads_failed,
+                "last_error": s.last_error.as_ref().map(|(_, e)| e),
+                "last_error_at": s.last_error.as_ref().map(|(t, _)| seconds(*t)),
+            })
+        }
+        None => serde_json::json!({
+            "domains": rules.domain_count(),
+            "rules": rules.rule_count(),
+        }),
+    };
+    (StatusCode::OK, axum::Json(body)).into_response()
 }
 
 async fn healthcheck<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {

@@ -11,6 +11,7 @@ mod compile;
 mod load;
 mod parse;
 mod pattern;
+pub mod reload;
 mod unit;
 
 use std::collections::HashMap;

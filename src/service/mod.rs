@@ -25,6 +25,10 @@ impl<S: Store> RateLimitGrpc<S> {
         Self { engine, headers }
     }
 
+    pub fn engine(&self) -> &Arc<Engine<S>> {
+        &self.engine
+    }
+
     /// One call, from wire request to wire response (also used by HTTP `/json`).
     pub async fn handle(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let request = to_domain(request)?;

@@ -32,6 +32,7 @@ pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> Test
         http_addr: "127.0.0.1:0".parse().unwrap(),
         headers: HeaderSet::parse(headers).unwrap(),
         housekeeping_every: Duration::from_secs(3600),
+        reloader: None,
     };
     let running = server::start(options, engine).await.expect("server starts");
     TestServer { clock, running }

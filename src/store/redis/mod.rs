@@ -1,6 +1,6 @@
 //! Redis and Redis Cluster: one Lua script per request per cluster slot, all or nothing.
 //!
-//! Each check's key is `prefix{tag}encoded-key`: the tag is 16 hex digits of a hash of the
+//! Each check's key is `prefix{tag}encoded-key`: the tag is 8 hex digits of a hash of the
 //! descriptor (domain and matched entries), so every tier of one descriptor lands in one slot
 //! and is decided by one script, and no byte of a descriptor value can move a key or make two
 //! descriptors collide (the encoded key is length-prefixed). Checks are grouped by slot; the
@@ -175,8 +175,11 @@ impl RedisStore {
     }
 
     fn redis_key(&self, check: &Check<'_>) -> (Vec<u8>, u16) {
-        let tag = format!("{:016x}", fnv1a(check.tag));
-        let mut key = Vec::with_capacity(self.prefix.len() + 18 + check.key.len());
+        // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the
+        // encoded key after it keeps them distinct), and every byte counts per key in Redis.
+        let h = fnv1a(check.tag);
+        let tag = format!("{:08x}", (h ^ (h >> 32)) as u32);
+        let mut key = Vec::with_capacity(self.prefix.len() + 10 + check.key.len());
         key.extend_from_slice(&self.prefix);
         key.push(b'{');
         key.extend_from_slice(tag.as_bytes());
