@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod clock;
 pub mod engine;
+pub mod explain;
 pub mod limiter;
 pub mod proto;
 pub mod rules;

@@ -48,6 +48,19 @@ enum Command {
         /// A YAML file or a directory of *.yaml / *.yml files.
         path: PathBuf,
     },
+    /// Show what the rules do with a request: the matched rule path (or where matching stopped),
+    /// the limits, their algorithms and the counters' storage keys.
+    Explain {
+        #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
+        config: PathBuf,
+        #[arg(long)]
+        domain: String,
+        /// One descriptor's entries in order: k=v[,k=v...]. Repeat for several descriptors.
+        #[arg(long = "descriptor", required = true)]
+        descriptors: Vec<String>,
+        #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
+        redis_key_prefix: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -139,6 +152,12 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Validate { path } => validate(&path),
+        Command::Explain {
+            config,
+            domain,
+            descriptors,
+            redis_key_prefix,
+        } => explain(&config, &domain, &descriptors, &redis_key_prefix),
         Command::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -173,6 +192,38 @@ fn validate(path: &std::path::Path) -> ExitCode {
         }
         Err(errors) => {
             println!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(
+    config: &std::path::Path,
+    domain: &str,
+    descriptors: &[String],
+    prefix: &str,
+) -> ExitCode {
+    let rules = match load_path(config) {
+        Ok(rules) => rules,
+        Err(errors) => {
+            println!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let parsed: Result<Vec<_>, _> = descriptors
+        .iter()
+        .map(|d| sluice::explain::parse_descriptor(d))
+        .collect();
+    match parsed {
+        Ok(parsed) => {
+            print!(
+                "{}",
+                sluice::explain::explain(&rules, domain, &parsed, prefix)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: --descriptor {e}");
             ExitCode::FAILURE
         }
     }

@@ -115,7 +115,7 @@ impl<S: Store> Engine<S> {
             keys.domain(&request.domain);
             let rule = domain.find(
                 d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                |key, part| keys.entry(key, part),
+                |key, part, _| keys.entry(key, part),
             );
             let limits = match (&d.limit_override, rule) {
                 (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),

@@ -144,20 +144,28 @@ pub enum KeyPart<'a> {
     Pattern(&'a str),
 }
 
+/// How a request entry matched a rule level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via<'a> {
+    Exact,
+    Wildcard(&'a str),
+    KeyOnly,
+}
+
 impl Domain {
-    /// Finds the rule for a descriptor's entries. `on_level` sees each matched level's key and
-    /// the part that identifies its counter, in order.
+    /// Finds the rule for a descriptor's entries. `on_level` sees each matched level's key, the
+    /// part that identifies its counter, and how it matched, in order.
     pub fn find<'r, 'q>(
         &'r self,
         entries: impl IntoIterator<Item = (&'q str, &'q str)>,
-        mut on_level: impl FnMut(&'q str, KeyPart<'_>),
+        mut on_level: impl FnMut(&'q str, KeyPart<'_>, Via<'_>),
     ) -> Option<&'r Rule> {
         let mut level = &self.root;
         let mut matched: Option<&Node> = None;
         for (key, value) in entries {
             let branch = level.keys.get(key)?;
             let node = if let Some(node) = branch.exact.get(value) {
-                on_level(key, KeyPart::Value(value));
+                on_level(key, KeyPart::Value(value), Via::Exact);
                 node
             } else if let Some((pattern, node)) =
                 branch.wildcards.iter().find(|(p, _)| p.matches(value))
@@ -167,11 +175,11 @@ impl Domain {
                 } else {
                     KeyPart::Value(value)
                 };
-                on_level(key, part);
+                on_level(key, part, Via::Wildcard(pattern.as_str()));
                 node
             } else {
                 let node = branch.any.as_deref()?;
-                on_level(key, KeyPart::Value(value));
+                on_level(key, KeyPart::Value(value), Via::KeyOnly);
                 node
             };
             matched = Some(node);

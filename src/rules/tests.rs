@@ -15,12 +15,14 @@ fn errors(text: &str) -> Vec<String> {
 /// The path of the matched rule and the counter parts, or None.
 fn find(rs: &RuleSet, domain: &str, entries: &[(&str, &str)]) -> Option<(String, Vec<String>)> {
     let mut parts = Vec::new();
-    let rule = rs.domain(domain)?.find(entries.iter().copied(), |k, p| {
-        parts.push(match p {
-            KeyPart::Value(v) => format!("{k}={v}"),
-            KeyPart::Pattern(p) => format!("{k}~{p}"),
-        })
-    })?;
+    let rule = rs
+        .domain(domain)?
+        .find(entries.iter().copied(), |k, p, _| {
+            parts.push(match p {
+                KeyPart::Value(v) => format!("{k}={v}"),
+                KeyPart::Pattern(p) => format!("{k}~{p}"),
+            })
+        })?;
     Some((rule.path.clone(), parts))
 }
 
@@ -144,15 +146,15 @@ descriptors:
     rate_limit: {unlimited: true}
 "#);
     let d = rs.domain("d").unwrap();
-    let a = d.find([("a", "x")], |_, _| {}).unwrap();
+    let a = d.find([("a", "x")], |_, _, _| {}).unwrap();
     assert_eq!(a.tiers[0].unit, Unit::Week);
     assert_eq!(a.tiers[0].name.as_deref(), Some("weekly"));
-    let b = d.find([("b", "x")], |_, _| {}).unwrap();
+    let b = d.find([("b", "x")], |_, _, _| {}).unwrap();
     assert_eq!(b.tiers.len(), 2);
     assert_eq!(b.tiers[0].limit.algorithm, Algorithm::TokenBucket);
     assert_eq!(b.tiers[0].limit.burst, 20);
     assert_eq!(b.tiers[1].limit.period_us, 300_000_000);
-    let c = d.find([("c", "x")], |_, _| {}).unwrap();
+    let c = d.find([("c", "x")], |_, _, _| {}).unwrap();
     assert!(c.unlimited && c.tiers.is_empty());
     assert_eq!(rs.rule_count(), 3);
 }

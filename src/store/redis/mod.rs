@@ -175,17 +175,7 @@ impl RedisStore {
     }
 
     fn redis_key(&self, check: &Check<'_>) -> (Vec<u8>, u16) {
-        // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the
-        // encoded key after it keeps them distinct), and every byte counts per key in Redis.
-        let h = fnv1a(check.tag);
-        let tag = format!("{:08x}", (h ^ (h >> 32)) as u32);
-        let mut key = Vec::with_capacity(self.prefix.len() + 10 + check.key.len());
-        key.extend_from_slice(&self.prefix);
-        key.push(b'{');
-        key.extend_from_slice(tag.as_bytes());
-        key.push(b'}');
-        key.extend_from_slice(check.key);
-        (key, crc16(tag.as_bytes()) % 16_384)
+        redis_key(&self.prefix, check.tag, check.key)
     }
 
     /// Runs the script for the checks `indices` (one slot) and returns
@@ -358,6 +348,21 @@ impl Store for RedisStore {
         }
         Ok(Outcome { allowed, verdicts })
     }
+}
+
+/// The Redis key of a counter and its cluster slot: `prefix{tag}key`.
+pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8]) -> (Vec<u8>, u16) {
+    // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the encoded
+    // key after it keeps them distinct), and every byte counts per key in Redis.
+    let h = fnv1a(tag);
+    let tag = format!("{:08x}", (h ^ (h >> 32)) as u32);
+    let mut out = Vec::with_capacity(prefix.len() + 10 + key.len());
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(tag.as_bytes());
+    out.push(b'}');
+    out.extend_from_slice(key);
+    (out, crc16(tag.as_bytes()) % 16_384)
 }
 
 /// FNV-1a, 64 bits: a fixed hash (every node must compute the same tag).
