@@ -83,5 +83,41 @@ fn engine(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, algorithms, engine);
+/// A plan rule whose client map holds 3 clients, then a million: the lookup is a hash map, so
+/// the decision should not slow down.
+fn plans(c: &mut Criterion) {
+    let rules = "domain: p\ndescriptors:\n  - key: client\n    plan: {client: client}\nplans:\n  free: [{unit: second, requests_per_unit: 1000000}]\n  pro: [{unit: second, requests_per_unit: 1000000}]\ndefault_plan: free\n";
+    let mut group = c.benchmark_group("plan_decision");
+    for clients in [3usize, 1_000_000] {
+        let mut map = String::from("domain: p\nclients:\n");
+        for i in 0..clients {
+            map.push_str(&format!("  key-{i}: pro\n"));
+        }
+        let loaded = std::time::Instant::now();
+        let rules = load_texts([("p.yaml", rules), ("clients.yaml", map.as_str())]).unwrap();
+        eprintln!("loaded {clients} clients in {:?}", loaded.elapsed());
+        let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
+        let engine = Engine::new(rules, store, EngineSettings::default());
+        let requests: Vec<Request> = (0..64)
+            .map(|i| Request {
+                domain: "p".into(),
+                descriptors: vec![Descriptor {
+                    entries: vec![("client".into(), format!("key-{}", i * 7919 % clients))],
+                    hits: 1,
+                    ..Descriptor::default()
+                }],
+            })
+            .collect();
+        let mut i = 0;
+        group.bench_function(format!("{clients}_clients"), |b| {
+            b.iter(|| {
+                i = (i + 1) % requests.len();
+                now(engine.decide(black_box(&requests[i]))).unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, algorithms, engine, plans);
 criterion_main!(benches);

@@ -4,9 +4,16 @@
 
 use std::fmt::Write;
 
-use crate::rules::{KeyPart, RuleSet, Via};
+use crate::rules::{KeyPart, PlanSource, RuleSet, Via};
 use crate::store::KeyBuf;
 use crate::store::redis::redis_key;
+
+fn part_owned(part: KeyPart<'_>) -> (bool, String) {
+    match part {
+        KeyPart::Pattern(p) => (true, p.to_owned()),
+        KeyPart::Value(v) => (false, v.to_owned()),
+    }
+}
 
 /// One descriptor's entries, as given on the command line: `k=v,k2=v2`.
 pub fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -38,10 +45,11 @@ pub fn explain(
             let mut key = KeyBuf::default();
             key.domain(domain);
             let mut steps = Vec::new();
+            let mut parts = Vec::new();
             let rule = d.find(
                 entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
                 |k, part, via| {
-                    key.entry(k, part);
+                    parts.push((k, part_owned(part)));
                     steps.push(match via {
                         Via::Exact => format!("{k}: exact value"),
                         Via::Wildcard(p) => match part {
@@ -54,6 +62,21 @@ pub fn explain(
                     });
                 },
             );
+            // As the engine: a plan named in an entry is not part of the counter.
+            let plan_key = match rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source) {
+                Some(PlanSource::Entry(k)) => Some(k.as_str()),
+                _ => None,
+            };
+            for (k, (pattern, text)) in &parts {
+                if Some(*k) != plan_key {
+                    let part = if *pattern {
+                        KeyPart::Pattern(text)
+                    } else {
+                        KeyPart::Value(text)
+                    };
+                    key.entry(k, part);
+                }
+            }
             (rule, steps, key)
         })
         .collect();
@@ -87,6 +110,36 @@ pub fn explain(
             continue;
         };
         let _ = writeln!(out, "  rule: {domain}.{} (file {})", rule.path, d.file);
+        let mut tiers = rule.tiers.as_slice();
+        if let Some(plan) = &rule.plan {
+            let pairs = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let (source, key) = match &plan.source {
+                PlanSource::Client(k) => ("the client map, by", k),
+                PlanSource::Entry(k) => ("the plan named in", k),
+            };
+            match d.plan_for(plan, pairs) {
+                Some((p, _)) if p.unlimited => {
+                    let _ = writeln!(
+                        out,
+                        "  plan: {} (from {source} entry '{key}'): unlimited; answered OK",
+                        p.name
+                    );
+                    continue;
+                }
+                Some((p, plan_tiers)) => {
+                    let _ = writeln!(
+                        out,
+                        "  plan: {} (from {source} entry '{key}'), limits '{}'",
+                        p.name, plan.group
+                    );
+                    tiers = plan_tiers;
+                }
+                None => {
+                    let _ = writeln!(out, "  plan: none; answered OK");
+                    continue;
+                }
+            }
+        }
         if rule.unlimited {
             let _ = writeln!(
                 out,
@@ -115,7 +168,7 @@ pub fn explain(
             }
             None => tag = key.clone(),
         }
-        for t in &rule.tiers {
+        for t in tiers {
             let name = t
                 .name
                 .as_deref()

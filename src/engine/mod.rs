@@ -15,7 +15,7 @@ pub use request::{
 
 use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit, Verdict};
-use crate::rules::{Rule, RuleSet, Tier};
+use crate::rules::{PlanSource, Rule, RuleSet, Tier};
 use crate::store::{Check, CheckKind, KeyBuf, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -120,9 +120,36 @@ impl<S: Store> Engine<S> {
             let limits = match (&d.limit_override, rule) {
                 (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
                 (None, Some(r)) if r.unlimited => Limits::Unlimited,
-                (None, Some(r)) => Limits::Tiers(&r.tiers),
+                (None, Some(r)) => match &r.plan {
+                    // The caller's plan decides the limits.
+                    Some(plan) => {
+                        let entries = d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                        match domain.plan_for(plan, entries) {
+                            Some((p, _)) if p.unlimited => Limits::Unlimited,
+                            Some((_, tiers)) => Limits::Tiers(tiers),
+                            None => Limits::None,
+                        }
+                    }
+                    None => Limits::Tiers(&r.tiers),
+                },
                 (None, None) => Limits::None,
             };
+            if let Some(PlanSource::Entry(plan_key)) =
+                rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
+            {
+                // The plan's name is not part of the counter: a caller moved to another plan
+                // keeps what it used where the tiers match.
+                keys.truncate(start);
+                keys.domain(&request.domain);
+                domain.find(
+                    d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                    |key, part, _| {
+                        if key != plan_key {
+                            keys.entry(key, part)
+                        }
+                    },
+                );
+            }
             if rule.is_none() && d.limit_override.is_some() {
                 // An override with no matching rule still needs the entries in its key.
                 keys.truncate(start);

@@ -317,3 +317,143 @@ async fn reloaded_rules_apply_to_the_next_request_and_keep_counters() {
         Code::OverLimit
     );
 }
+
+const PLANS: &str = r#"
+domain: p
+descriptors:
+  - key: client
+    plan: {client: client}
+    descriptors:
+      - key: path
+        value: /search*
+        plan: {client: client, limits: search}
+  - key: plan
+    descriptors:
+      - key: user
+        plan: {entry: plan}
+plans:
+  free:
+    default:
+      - {unit: second, requests_per_unit: 1, name: per_second}
+      - {unit: day, requests_per_unit: 3, name: per_day}
+    search: [{unit: second, requests_per_unit: 2}]
+  pro:
+    default:
+      - {unit: second, requests_per_unit: 10, name: per_second}
+      - {unit: day, requests_per_unit: 5, name: per_day}
+    search: [{unit: second, requests_per_unit: 20}]
+  enterprise: unlimited
+default_plan: free
+"#;
+
+fn plans_engine(clients: &str) -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let rules = load_texts([("p.yaml", PLANS), ("p-clients.yaml", clients)]).unwrap();
+    let store = MemoryStore::new(clock.clone(), 1_000);
+    (clock, Engine::new(rules, store, EngineSettings::default()))
+}
+
+async fn plan_call(e: &Engine<MemoryStore>, entries: &[(&str, &str)]) -> Decision {
+    e.decide(&Request {
+        domain: "p".into(),
+        descriptors: vec![desc(entries, 1)],
+    })
+    .await
+    .unwrap()
+}
+
+fn limit_name(d: &Decision) -> String {
+    d.statuses[0]
+        .limit
+        .as_ref()
+        .unwrap()
+        .name
+        .as_deref()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_callers_plan_decides_and_the_status_names_plan_and_tier() {
+    let (clock, e) = plans_engine("domain: p\nclients:\n  k-pro: pro\n  k-ent: enterprise\n");
+    // Unknown client: the default plan.
+    assert_eq!(plan_call(&e, &[("client", "nobody")]).await.code, Code::Ok);
+    let d = plan_call(&e, &[("client", "nobody")]).await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(limit_name(&d), "free:per_second");
+    // A pro client: 10 per second, but 5 per day.
+    for _ in 0..5 {
+        assert_eq!(plan_call(&e, &[("client", "k-pro")]).await.code, Code::Ok);
+    }
+    let d = plan_call(&e, &[("client", "k-pro")]).await;
+    assert_eq!(
+        (d.code, limit_name(&d)),
+        (Code::OverLimit, "pro:per_day".to_owned())
+    );
+    // Enterprise: unlimited.
+    for _ in 0..20 {
+        assert_eq!(
+            plan_call(&e, &[("client", "k-ent")]).await.statuses[0],
+            Status::unlimited()
+        );
+    }
+    // Per endpoint by plan: free gets 2 per second on search (an unnamed tier is named by unit).
+    clock.advance(S);
+    for _ in 0..2 {
+        assert_eq!(
+            plan_call(&e, &[("client", "x"), ("path", "/search?q=1")])
+                .await
+                .code,
+            Code::Ok
+        );
+    }
+    let d = plan_call(&e, &[("client", "x"), ("path", "/search?q=1")]).await;
+    assert_eq!(
+        (d.code, limit_name(&d)),
+        (Code::OverLimit, "free:second".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn moving_a_client_to_another_plan_keeps_its_usage() {
+    let (clock, e) = plans_engine("domain: p\nclients:\n  k-x: free\n");
+    assert_eq!(plan_call(&e, &[("client", "k-x")]).await.code, Code::Ok);
+    clock.advance(S);
+    assert_eq!(plan_call(&e, &[("client", "k-x")]).await.code, Code::Ok);
+    // 2 of free's 3 per day used. Upgrade to pro (5 per day): the count carries over.
+    let rules = load_texts([
+        ("p.yaml", PLANS),
+        ("p-clients.yaml", "domain: p\nclients:\n  k-x: pro\n"),
+    ])
+    .unwrap();
+    e.replace_rules(rules);
+    let d = plan_call(&e, &[("client", "k-x")]).await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(
+        (limit_name(&d), d.statuses[0].remaining),
+        ("pro:per_day".to_owned(), 2)
+    );
+}
+
+#[tokio::test]
+async fn a_plan_named_in_the_request() {
+    let (clock, e) = plans_engine("domain: p\nclients: {}\n");
+    for _ in 0..5 {
+        assert_eq!(
+            plan_call(&e, &[("plan", "pro"), ("user", "u")]).await.code,
+            Code::Ok
+        );
+        clock.advance(S / 20);
+    }
+    assert_eq!(
+        plan_call(&e, &[("plan", "pro"), ("user", "u")]).await.code,
+        Code::OverLimit
+    );
+    // The same user on free (an unknown plan name falls back to it): the day's usage counts.
+    clock.advance(S);
+    let d = plan_call(&e, &[("plan", "gold"), ("user", "u")]).await;
+    assert_eq!(
+        (d.code, limit_name(&d)),
+        (Code::OverLimit, "free:per_day".to_owned())
+    );
+}

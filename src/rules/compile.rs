@@ -1,7 +1,11 @@
 //! Validation and compilation of one parsed file into a [`Domain`] tree.
 
-use super::parse::{RawDescriptor, RawLimit, parse};
-use super::{Domain, KeyBranch, Level, Node, Pattern, Rule, RuleError, Tier, Unit};
+use std::collections::HashMap;
+
+use super::parse::{RawDescriptor, RawLimit, RawPlan, parse};
+use super::{
+    Domain, KeyBranch, Level, Node, Pattern, Plan, PlanRef, PlanSource, Rule, RuleError, Tier, Unit,
+};
 use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit};
 
@@ -23,12 +27,44 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
         file,
         errors: Vec::new(),
         rule_count: 0,
+        plans: Vec::new(),
+        plan_groups: Vec::new(),
     };
-    let name = raw.domain.unwrap_or_default();
+    let name = raw.domain.clone().unwrap_or_default();
     if name.is_empty() {
         c.error("domain", "config file cannot have empty domain".into());
     }
+    c.plans(&raw);
+    let default_plan = match raw.default_plan.as_deref() {
+        None => None,
+        Some(p) => {
+            let found = c.plans.iter().position(|plan| plan.name == p);
+            if found.is_none() {
+                c.error("default_plan", format!("no plan named '{p}' in plans"));
+            }
+            found
+        }
+    };
     let root = c.level(&raw.descriptors, "descriptors", &name, "");
+    if !c.plan_groups.is_empty() && default_plan.is_none() && c.errors.is_empty() {
+        c.error(
+            "default_plan",
+            "rules take limits from plans, so default_plan must name the plan of unknown clients"
+                .into(),
+        );
+    }
+    for (at, group) in std::mem::take(&mut c.plan_groups) {
+        for plan in c.plans.iter().filter(|p| !p.unlimited) {
+            if !plan.groups.contains_key(&group) {
+                c.errors.push(RuleError {
+                    file: file.to_owned(),
+                    location: at.clone(),
+                    message: format!("plan '{}' has no limits named '{group}'", plan.name),
+                });
+            }
+        }
+    }
+    let clients = c.clients(&raw, "clients");
     if !c.errors.is_empty() {
         return Err(FileErrors {
             domain: Some(name).filter(|n| !n.is_empty()),
@@ -40,7 +76,45 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
         file: file.to_owned(),
         root,
         rule_count: c.rule_count,
+        map_only: raw.clients.is_some() && raw.descriptors.is_empty() && raw.plans.is_none(),
+        clients_by_name: match (&raw.clients, &raw.plans) {
+            (Some(clients), None) => clients.clone().into_iter().collect(),
+            _ => Vec::new(),
+        },
+        plans: c.plans,
+        default_plan,
+        clients,
     })
+}
+
+/// Adds a client map file's clients to the domain with the plans. Errors name the map file.
+pub(super) fn merge_clients(domain: &mut Domain, map: Domain, errors: &mut Vec<RuleError>) {
+    if domain.plans.is_empty() {
+        errors.push(RuleError {
+            file: map.file.clone(),
+            location: "clients".into(),
+            message: format!("domain '{}' defines no plans", domain.name),
+        });
+        return;
+    }
+    for (client, plan) in map.clients_by_name {
+        match domain.plans.iter().position(|p| p.name == plan) {
+            Some(i) => {
+                if domain.clients.insert(client.clone(), i).is_some() {
+                    errors.push(RuleError {
+                        file: map.file.clone(),
+                        location: format!("clients.{client}"),
+                        message: format!("client '{client}' is listed twice"),
+                    });
+                }
+            }
+            None => errors.push(RuleError {
+                file: map.file.clone(),
+                location: format!("clients.{client}"),
+                message: format!("no plan named '{plan}' in domain '{}'", domain.name),
+            }),
+        }
+    }
 }
 
 fn yaml_error(file: &str, e: &serde_yaml::Error) -> RuleError {
@@ -66,9 +140,92 @@ struct Compiler<'f> {
     file: &'f str,
     errors: Vec<RuleError>,
     rule_count: usize,
+    plans: Vec<Plan>,
+    /// (location, group) of every rule that takes limits from a plan.
+    plan_groups: Vec<(String, String)>,
 }
 
 impl Compiler<'_> {
+    fn plans(&mut self, raw: &super::parse::RawFile) {
+        for (name, plan) in raw.plans.iter().flatten() {
+            let at = format!("plans.{name}");
+            let groups: Vec<(String, &Vec<RawLimit>)> = match plan {
+                RawPlan::Word(w) if w == "unlimited" => {
+                    self.plans.push(Plan {
+                        name: name.clone(),
+                        unlimited: true,
+                        groups: HashMap::new(),
+                    });
+                    continue;
+                }
+                RawPlan::Word(w) => {
+                    self.error(
+                        &at,
+                        format!("a plan is 'unlimited' or its limits, not '{w}'"),
+                    );
+                    continue;
+                }
+                RawPlan::Limits(limits) => vec![("default".to_owned(), limits)],
+                RawPlan::Groups(groups) => groups.iter().map(|(g, l)| (g.clone(), l)).collect(),
+            };
+            let mut compiled = HashMap::new();
+            for (group, limits) in groups {
+                let names: Vec<&str> = limits.iter().filter_map(|l| l.name.as_deref()).collect();
+                let mut tiers = Vec::new();
+                for (i, limit) in limits.iter().enumerate() {
+                    let tier_at = format!("{at}.{group}[{i}]");
+                    if limit.unlimited || limit.replaces.is_some() {
+                        self.error(
+                            &tier_at,
+                            "a plan's limits cannot be unlimited or replace others (make the plan 'unlimited')"
+                                .into(),
+                        );
+                        continue;
+                    }
+                    if let Some(mut tier) = self.tier(&tier_at, limit, &names) {
+                        // The status names the plan and the tier that decided.
+                        let tier_name = limit
+                            .name
+                            .clone()
+                            .unwrap_or_else(|| tier.unit.name().to_ascii_lowercase());
+                        tier.name = Some(format!("{name}:{tier_name}").into());
+                        tiers.push(tier);
+                    }
+                }
+                compiled.insert(group, tiers);
+            }
+            self.plans.push(Plan {
+                name: name.clone(),
+                unlimited: false,
+                groups: compiled,
+            });
+        }
+    }
+
+    /// Client → plan index, for clients in this file (a map-only file keeps names to merge).
+    fn clients(&mut self, raw: &super::parse::RawFile, at: &str) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        let Some(clients) = &raw.clients else {
+            return out;
+        };
+        if raw.plans.is_none() {
+            // A client map for plans in another file: checked when merged.
+            return out;
+        }
+        for (client, plan) in clients {
+            match self.plans.iter().position(|p| p.name == *plan) {
+                Some(i) => {
+                    out.insert(client.clone(), i);
+                }
+                None => self.error(
+                    &format!("{at}.{client}"),
+                    format!("no plan named '{plan}' in plans"),
+                ),
+            }
+        }
+        out
+    }
+
     fn error(&mut self, location: &str, message: String) {
         self.errors.push(RuleError {
             file: self.file.to_owned(),
@@ -168,6 +325,49 @@ impl Compiler<'_> {
             }
             (None, None) => Vec::new(),
         };
+        let plan = raw.plan.as_ref().and_then(|p| {
+            let at = format!("{here}.plan");
+            if !limits.is_empty() {
+                self.error(&at, "use either plan or rate_limit(s), not both".into());
+                return None;
+            }
+            let source = match (&p.client, &p.entry) {
+                (Some(k), None) if !k.is_empty() => PlanSource::Client(k.clone()),
+                (None, Some(k)) if !k.is_empty() => PlanSource::Entry(k.clone()),
+                _ => {
+                    self.error(
+                        &at,
+                        "a plan comes from either `client: <entry key>` (looked up in clients) or `entry: <entry key>` (the plan's name)"
+                            .into(),
+                    );
+                    return None;
+                }
+            };
+            if self.plans.is_empty() {
+                self.error(&at, "the domain defines no plans".into());
+                return None;
+            }
+            let group = p.limits.clone().unwrap_or_else(|| "default".into());
+            self.plan_groups.push((at, group.clone()));
+            Some(PlanRef { source, group })
+        });
+        if let Some(plan) = plan {
+            self.rule_count += 1;
+            let rule = Rule {
+                plan: Some(plan),
+                ..self.rule(raw, here, &[], path)
+            };
+            return Node {
+                rule: Some(rule),
+                share: raw.share_threshold,
+                children: self.level(
+                    &raw.descriptors,
+                    &format!("{here}.descriptors"),
+                    composite,
+                    path,
+                ),
+            };
+        }
         let rule = if limits.is_empty() {
             for (set, field) in [
                 (raw.failure_mode.is_some(), "failure_mode"),
@@ -253,6 +453,7 @@ impl Compiler<'_> {
             path: path.to_owned(),
             failure_mode,
             hash_tag: raw.hash_tag.clone().filter(|t| !t.is_empty()),
+            plan: None,
             tiers: if unlimited { Vec::new() } else { tiers },
             unlimited,
             shadow_mode: raw.shadow_mode,

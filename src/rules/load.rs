@@ -4,9 +4,9 @@ use std::path::Path;
 
 use super::{RuleError, RuleErrors, RuleSet, compile_file};
 
-/// Files larger than this are rejected: rules are small, and a runaway file must not exhaust
-/// memory.
-pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+/// Files larger than this are rejected, so a runaway file cannot exhaust memory. Rules are
+/// small; a client map of a million API keys is about 30 MB.
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Loads `path`: one YAML file, or every `*.yaml`/`*.yml` file in a directory (not recursive;
 /// hidden files and Kubernetes ConfigMap internals such as `..data` are skipped; symlinks to
@@ -79,8 +79,14 @@ pub fn load_texts<'a>(
     let mut set = RuleSet::default();
     let mut seen = std::collections::HashSet::new();
     let mut errors = Vec::new();
+    let mut maps = Vec::new();
     for (name, text) in files {
         let (domain, compiled) = match compile_file(name, text) {
+            // A client map file joins its domain's rules once all files are read.
+            Ok(domain) if domain.map_only => {
+                maps.push(domain);
+                continue;
+            }
             Ok(domain) => (Some(domain.name.clone()), Some(domain)),
             Err(mut e) => {
                 errors.append(&mut e.errors);
@@ -97,6 +103,20 @@ pub fn load_texts<'a>(
         }
         if let Some(compiled) = compiled {
             set.domains.insert(compiled.name.clone(), compiled);
+        }
+    }
+    for map in maps {
+        match set.domains.get_mut(&map.name) {
+            Some(domain) => super::compile::merge_clients(domain, map, &mut errors),
+            None if seen.contains(&map.name) => {} // its domain had errors of its own
+            None => errors.push(RuleError {
+                file: map.file.clone(),
+                location: "domain".into(),
+                message: format!(
+                    "clients for domain '{}', which no rules file defines",
+                    map.name
+                ),
+            }),
         }
     }
     if errors.is_empty() {

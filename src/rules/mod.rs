@@ -82,6 +82,45 @@ pub struct Domain {
     pub file: String,
     root: Level,
     rule_count: usize,
+    plans: Vec<Plan>,
+    default_plan: Option<usize>,
+    /// Client → index in `plans`.
+    clients: HashMap<String, usize>,
+    /// A file with only `domain` and `clients`: merged into the domain's rules file.
+    map_only: bool,
+    /// A client map file's clients, by plan name, until merged.
+    clients_by_name: Vec<(String, String)>,
+}
+
+/// A named plan: unlimited, or groups of tiers (`default`, `search`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub unlimited: bool,
+    pub groups: HashMap<String, Vec<Tier>>,
+}
+
+/// A rule whose limits come from the caller's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRef {
+    pub source: PlanSource,
+    /// Which group of the plan's limits applies.
+    pub group: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanSource {
+    /// The value of this entry is looked up in the domain's `clients`.
+    Client(String),
+    /// The value of this entry is the plan's name.
+    Entry(String),
+}
+
+/// What a plan rule resolves to for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlanLimits<'a> {
+    Unlimited,
+    Tiers(&'a Plan, &'a [Tier]),
 }
 
 /// The children of a node, grouped by descriptor key.
@@ -121,6 +160,8 @@ pub struct Rule {
     pub failure_mode: Option<crate::store::FailureMode>,
     /// The entry key whose value picks the Redis Cluster slot (None: the whole descriptor).
     pub hash_tag: Option<String>,
+    /// The limits come from the caller's plan (then `tiers` is empty).
+    pub plan: Option<PlanRef>,
 }
 
 /// One limit of a rule (a rule has several with `rate_limits:`).
@@ -153,6 +194,41 @@ pub enum Via<'a> {
 }
 
 impl Domain {
+    pub fn plans(&self) -> &[Plan] {
+        &self.plans
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// The caller's plan for a plan rule: by client (through `clients`) or by the plan name in
+    /// an entry; the default plan when unknown.
+    pub fn plan_for<'a>(
+        &self,
+        plan: &PlanRef,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<(&Plan, &[Tier])> {
+        let (key, by_client) = match &plan.source {
+            PlanSource::Client(k) => (k.as_str(), true),
+            PlanSource::Entry(k) => (k.as_str(), false),
+        };
+        let value = entries.into_iter().find(|(k, _)| *k == key).map(|(_, v)| v);
+        let index = value
+            .and_then(|v| {
+                if by_client {
+                    self.clients.get(v).copied()
+                } else {
+                    self.plans.iter().position(|p| p.name == v)
+                }
+            })
+            .or(self.default_plan)?;
+        let p = &self.plans[index];
+        // Compilation checked that every limited plan has every group a rule names.
+        let tiers = p.groups.get(&plan.group).map_or(&[][..], Vec::as_slice);
+        Some((p, tiers))
+    }
+
     /// Finds the rule for a descriptor's entries. `on_level` sees each matched level's key, the
     /// part that identifies its counter, and how it matched, in order.
     pub fn find<'r, 'q>(

@@ -2,6 +2,8 @@
 //! Unknown fields are rejected at the place they appear (the reference accepts a known name in
 //! the wrong place and then ignores it; here that is an error too).
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize, Default)]
@@ -10,6 +12,37 @@ pub struct RawFile {
     pub domain: Option<String>,
     #[serde(default)]
     pub descriptors: Vec<RawDescriptor>,
+    /// Extension: named plans (free, pro, ...), each `unlimited`, a list of limits, or named
+    /// groups of limits (`default`, `search`, ...).
+    pub plans: Option<BTreeMap<String, RawPlan>>,
+    /// Extension: the plan of a client missing from `clients`, or of an unknown plan name.
+    pub default_plan: Option<String>,
+    /// Extension: client (e.g. API key) → plan name. May stand in a file of its own with just
+    /// `domain` and `clients`.
+    pub clients: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawPlan {
+    /// `unlimited`.
+    Word(String),
+    /// The limits of the `default` group.
+    Limits(Vec<RawLimit>),
+    /// Named groups of limits.
+    Groups(BTreeMap<String, Vec<RawLimit>>),
+}
+
+/// Where a rule takes the caller's plan from.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlanRef {
+    /// The value of this entry is looked up in `clients`.
+    pub client: Option<String>,
+    /// The value of this entry names the plan (Envoy fills it from an auth header).
+    pub entry: Option<String>,
+    /// The plans' group of limits to apply (default: `default`).
+    pub limits: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -18,6 +51,8 @@ pub struct RawDescriptor {
     pub key: Option<String>,
     pub value: Option<String>,
     pub rate_limit: Option<RawLimit>,
+    /// Extension: the limits come from the caller's plan.
+    pub plan: Option<RawPlanRef>,
     /// Extension: several limits on one descriptor, all of which must allow.
     pub rate_limits: Option<Vec<RawLimit>>,
     #[serde(default)]

@@ -275,3 +275,61 @@ fn directory_loading_skips_hidden_and_configmap_internals() {
     assert_eq!(names, ["a", "b"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn plan_validation() {
+    let base = "domain: d\ndescriptors:\n  - key: c\n    plan: {client: c, limits: search}\nplans:\n  free: [{unit: second, requests_per_unit: 1}]\n  vip: unlimited\n";
+    assert_eq!(
+        errors(&format!("{base}default_plan: free\n")),
+        ["rules.yaml: descriptors[0].plan: plan 'free' has no limits named 'search'"]
+    );
+    let ok = "domain: d\ndescriptors:\n  - key: c\n    plan: {client: c}\nplans:\n  free: [{unit: second, requests_per_unit: 1}]\n  vip: unlimited\n";
+    assert_eq!(
+        errors(ok),
+        [
+            "rules.yaml: default_plan: rules take limits from plans, so default_plan must name the plan of unknown clients"
+        ]
+    );
+    assert_eq!(
+        errors(&format!("{ok}default_plan: gold\n")),
+        ["rules.yaml: default_plan: no plan named 'gold' in plans"]
+    );
+    assert_eq!(
+        errors(&format!("{ok}default_plan: free\nclients: {{k1: gold}}\n")),
+        ["rules.yaml: clients.k1: no plan named 'gold' in plans"]
+    );
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: c\n    plan: {client: c, entry: p}\nplans:\n  free: unlimited\ndefault_plan: free\n"
+        )[0],
+        "rules.yaml: descriptors[0].plan: a plan comes from either `client: <entry key>` (looked up in clients) or `entry: <entry key>` (the plan's name)"
+    );
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: c\n    plan: {client: c}\n    rate_limit: {unit: second, requests_per_unit: 1}\nplans:\n  free: unlimited\ndefault_plan: free\n"
+        ),
+        ["rules.yaml: descriptors[0].plan: use either plan or rate_limit(s), not both"]
+    );
+    // A client map in its own file.
+    let rules = format!("{ok}default_plan: free\n");
+    let e = load_texts([
+        ("a.yaml", rules.as_str()),
+        ("b.yaml", "domain: d\nclients: {k1: gold}\n"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "b.yaml: clients.k1: no plan named 'gold' in domain 'd'"
+    );
+    let e = load_texts([("m.yaml", "domain: nowhere\nclients: {k1: free}\n")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "m.yaml: domain: clients for domain 'nowhere', which no rules file defines"
+    );
+    let set = load_texts([
+        ("a.yaml", rules.as_str()),
+        ("b.yaml", "domain: d\nclients: {k1: vip, k2: free}\n"),
+    ])
+    .unwrap();
+    assert_eq!(set.domain("d").unwrap().client_count(), 2);
+}
