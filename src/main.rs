@@ -48,6 +48,8 @@ enum Command {
         /// A YAML file or a directory of *.yaml / *.yml files.
         path: PathBuf,
     },
+    /// Print the JSON Schema of rules files (config/sluice-rules.schema.json is this output).
+    Schema,
     /// Show what the rules do with a request: the matched rule path (or where matching stopped),
     /// the limits, their algorithms and the counters' storage keys.
     Explain {
@@ -152,6 +154,13 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Validate { path } => validate(&path),
+        Command::Schema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&sluice::rules::schema()).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
         Command::Explain {
             config,
             domain,

@@ -139,3 +139,40 @@ fn alias_bombs_do_not_expand() {
     // proves no expansion. The bound only turns a hang into a failure.
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
 }
+
+#[test]
+fn nesting_beyond_32_levels_is_an_error_at_its_place() {
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    let mut indent = String::new();
+    for i in 0..34 {
+        text.push_str(&format!(
+            "{indent}  - key: k{i}\n{indent}    descriptors:\n"
+        ));
+        indent.push_str("    ");
+    }
+    text.push_str(&format!("{indent}  - key: last\n"));
+    let e = load_texts([("deep.yaml", text.as_str())]).unwrap_err();
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert!(
+        e.0[0]
+            .message
+            .starts_with("descriptors nest deeper than 32 levels"),
+        "{e}"
+    );
+    assert!(e.0[0].location.ends_with(".descriptors"), "{e}");
+}
+
+#[test]
+fn too_many_rules_is_an_error() {
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for i in 0..100_001 {
+        text.push_str(&format!(
+            "  - {{key: k, value: v{i}, rate_limit: {{unit: second, requests_per_unit: 1}}}}\n"
+        ));
+    }
+    let e = load_texts([("many.yaml", text.as_str())]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "many.yaml: descriptors: 100001 rules in one domain; the limit is 100000"
+    );
+}

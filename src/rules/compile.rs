@@ -9,6 +9,11 @@ use super::{
 use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit};
 
+/// Deepest descriptor nesting: a request carries at most 32 entries by default.
+pub const MAX_DEPTH: usize = 32;
+/// Most rules in one domain: far beyond any real set, short of exhausting memory.
+pub const MAX_RULES: usize = 100_000;
+
 /// A file that did not compile: every problem found in it, and its domain when it names one
 /// (so a duplicate domain in another file is still reported).
 #[derive(Debug)]
@@ -65,6 +70,15 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
         }
     }
     let clients = c.clients(&raw, "clients");
+    if c.rule_count > MAX_RULES {
+        c.error(
+            "descriptors",
+            format!(
+                "{} rules in one domain; the limit is {MAX_RULES}",
+                c.rule_count
+            ),
+        );
+    }
     if !c.errors.is_empty() {
         return Err(FileErrors {
             domain: Some(name).filter(|n| !n.is_empty()),
@@ -245,6 +259,16 @@ impl Compiler<'_> {
         parent_path: &str,
     ) -> Level {
         let mut level = Level::default();
+        let depth = at.matches("descriptors").count();
+        if depth > MAX_DEPTH && !raws.is_empty() {
+            self.error(
+                at,
+                format!(
+                    "descriptors nest deeper than {MAX_DEPTH} levels (no request could match them)"
+                ),
+            );
+            return level;
+        }
         for (i, raw) in raws.iter().enumerate() {
             let here = format!("{at}[{i}]");
             let key = raw.key.as_deref().unwrap_or_default();

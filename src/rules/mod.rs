@@ -19,6 +19,7 @@ use std::fmt;
 
 pub use compile::{FileErrors, compile_file};
 pub use load::{load_path, load_texts};
+pub use parse::schema;
 pub use pattern::Pattern;
 pub use unit::Unit;
 

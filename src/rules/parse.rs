@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {
     pub domain: Option<String>,
@@ -22,7 +23,7 @@ pub struct RawFile {
     pub clients: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawPlan {
     /// `unlimited`.
@@ -34,7 +35,7 @@ pub enum RawPlan {
 }
 
 /// Where a rule takes the caller's plan from.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPlanRef {
     /// The value of this entry is looked up in `clients`.
@@ -45,7 +46,7 @@ pub struct RawPlanRef {
     pub limits: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawDescriptor {
     pub key: Option<String>,
@@ -69,6 +70,7 @@ pub struct RawDescriptor {
     /// Accepted for compatibility (contents are not checked, as in the reference); not
     /// returned in dynamic metadata yet.
     #[serde(rename = "metadata")]
+    #[schemars(with = "Option<serde_json::Value>")]
     pub _metadata: Option<serde::de::IgnoredAny>,
     /// Extension: what to answer when the shared backend (Redis) cannot: allow, deny, local or
     /// error.
@@ -80,7 +82,7 @@ pub struct RawDescriptor {
     pub descriptors: Vec<RawDescriptor>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub unit: Option<String>,
@@ -98,10 +100,17 @@ pub struct RawLimit {
     pub unit_multiplier: Option<u32>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawReplace {
     pub name: Option<String>,
+}
+
+/// The JSON Schema of a rules file (draft 2020-12), for editors and CI checks.
+pub fn schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(RawFile);
+    schema.insert("title".into(), "sluice rules file".into());
+    serde_json::to_value(schema).unwrap_or_default()
 }
 
 /// Parses one file's text. The error keeps serde_yaml's path and position.
