@@ -623,3 +623,17 @@ async fn a_slot_moves_between_masters_during_traffic() {
         "the key lives on the new master"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_urls_speak_tls() {
+    let redis = RedisServer::start_tls();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let r = Request {
+        domain: "d".into(),
+        descriptors: vec![descriptor(&[("fixed", "tls")], 5, false)],
+    };
+    assert_eq!(engine.decide(&r).await.unwrap().code, Code::Ok);
+    assert_eq!(engine.decide(&r).await.unwrap().code, Code::OverLimit);
+    assert_eq!(redis.cli(&["DBSIZE"]).trim(), "1");
+}

@@ -8,6 +8,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// Serves TLS only (self-signed certificate made with openssl).
+    tls: bool,
     child: Option<Child>,
 }
 
@@ -47,16 +49,47 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::spawn(false)
+        Self::spawn(false, false)
     }
 
-    fn spawn(cluster: bool) -> Self {
+    /// A TLS-only server with a fresh self-signed certificate.
+    pub fn start_tls() -> Self {
+        Self::spawn(false, true)
+    }
+
+    fn spawn(cluster: bool, tls: bool) -> Self {
         let port = free_port_pair();
         let dir = super::temp_dir(&format!("redis-{port}"));
+        if tls {
+            let out = Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=127.0.0.1",
+                ])
+                .arg("-keyout")
+                .arg(dir.join("key.pem"))
+                .arg("-out")
+                .arg(dir.join("cert.pem"))
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let mut server = Self {
             port,
             dir,
             cluster,
+            tls,
             child: None,
         };
         server.restart();
@@ -64,13 +97,36 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        if self.tls {
+            // The certificate is self-signed: `#insecure` skips verifying it (tests only).
+            format!("rediss://127.0.0.1:{}/#insecure", self.port)
+        } else {
+            format!("redis://127.0.0.1:{}", self.port)
+        }
     }
 
     /// Starts (again) on the same port.
     pub fn restart(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        if self.tls {
+            cmd.args([
+                "--port",
+                "0",
+                "--tls-port",
+                &self.port.to_string(),
+                "--tls-auth-clients",
+                "no",
+            ])
+            .arg("--tls-cert-file")
+            .arg(self.dir.join("cert.pem"))
+            .arg("--tls-key-file")
+            .arg(self.dir.join("key.pem"))
+            .arg("--tls-ca-cert-file")
+            .arg(self.dir.join("cert.pem"));
+        } else {
+            cmd.args(["--port", &self.port.to_string()]);
+        }
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -85,7 +141,7 @@ impl RedisServer {
                 .expect("redis-server starts (apt-get install redis-server)"),
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while redis_cli(self.port, &["PING"]).trim() != "PONG" {
+        while self.cli(&["PING"]).trim() != "PONG" {
             assert!(
                 Instant::now() < deadline,
                 "redis-server on {} did not start",
@@ -103,7 +159,22 @@ impl RedisServer {
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
-        redis_cli(self.port, args)
+        if !self.tls {
+            return redis_cli(self.port, args);
+        }
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "--tls",
+                "--insecure",
+            ])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
@@ -121,7 +192,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::spawn(true)).collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::spawn(true, false)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

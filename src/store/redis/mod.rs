@@ -133,6 +133,8 @@ pub enum RedisConfigError {
 impl RedisStore {
     /// Connections are made on first use, so sluice starts while Redis is down.
     pub fn new(options: &RedisOptions) -> Result<Self, RedisConfigError> {
+        // rediss:// needs a process-wide crypto provider; installing it twice is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         if options.key_prefix.contains(['{', '}']) {
             return Err(RedisConfigError::BracesInPrefix);
         }
