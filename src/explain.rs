@@ -252,4 +252,30 @@ mod tests {
         );
         assert!(parse_descriptor("novalue").is_err());
     }
+
+    #[test]
+    fn hash_tag_puts_a_tenants_descriptors_in_one_slot() {
+        let rules = load_texts([(
+            "t.yaml",
+            "domain: t\ndescriptors:\n  - key: tenant\n    hash_tag: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        hash_tag: tenant\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )])
+        .unwrap();
+        let slots = |a: &str, b: &str| -> Vec<String> {
+            let text = explain(
+                &rules,
+                "t",
+                &[parse_descriptor(a).unwrap(), parse_descriptor(b).unwrap()],
+                "s:",
+            );
+            text.lines()
+                .filter_map(|l| l.split_once("(slot ").map(|(_, s)| s.to_owned()))
+                .collect()
+        };
+        let tagged = slots("tenant=acme", "tenant=acme,path=/a");
+        assert_eq!(tagged.len(), 2);
+        assert_eq!(tagged[0], tagged[1], "one slot: both decided by one script");
+        // Without hash_tag each descriptor has its own tag (these two differ).
+        let untagged = slots("user=acme", "user=acme,path=/a");
+        assert_ne!(untagged[0], untagged[1]);
+    }
 }

@@ -95,11 +95,42 @@ pub async fn start<S: Store>(
             }
         }
     };
+    // gRPC health follows readiness: NOT_SERVING while the backend is down and the failure
+    // policy is `error` (Envoy's health checks then steer away from this node).
+    let health_watch = {
+        let (engine, health, stopped) = (engine.clone(), health.clone(), stopped.clone());
+        let serving = serving.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut was_ready = true;
+            loop {
+                tick.tick().await;
+                let stopping = *stopped.borrow();
+                if stopping || !serving.load(Ordering::Acquire) {
+                    // Shutting down: stop() owns the health status now.
+                    return Ok(());
+                }
+                let ready = engine.store().ready();
+                if ready != was_ready {
+                    let status = if ready {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    for name in ["", SERVICE_NAME] {
+                        health.set_service_status(name, status).await;
+                    }
+                    was_ready = ready;
+                }
+            }
+        }
+    };
 
     let tasks = vec![
         tokio::spawn(async move { grpc.await.context("gRPC server") }),
         tokio::spawn(async move { http.await.context("HTTP server") }),
         tokio::spawn(housekeeping),
+        tokio::spawn(health_watch),
     ];
     tracing::info!(%grpc_addr, %http_addr, "serving");
     Ok(Running {

@@ -637,3 +637,79 @@ async fn rediss_urls_speak_tls() {
     assert_eq!(engine.decide(&r).await.unwrap().code, Code::OverLimit);
     assert_eq!(redis.cli(&["DBSIZE"]).trim(), "1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_backend_when_the_policy_is_error() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let mut redis = RedisServer::start();
+    let engine = resilient_engine(redis.url(), FailureMode::Error, Duration::from_millis(30));
+    let options = sluice::server::Options {
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        headers: sluice::service::HeaderSet::parse("none").unwrap(),
+        housekeeping_every: Duration::from_secs(3600),
+        reloader: None,
+    };
+    let running = sluice::server::start(options, engine.clone())
+        .await
+        .unwrap();
+    let http = running.http_addr;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let status = |h: &mut HealthClient<tonic::transport::Channel>| {
+        let mut h = h.clone();
+        async move {
+            h.check(HealthCheckRequest {
+                service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+        }
+    };
+    assert_eq!(common::http_get(http, "/readyz").await.0, 200);
+    assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+
+    redis.kill();
+    for _ in 0..5 {
+        assert!(
+            engine.decide(&req("k")).await.is_err(),
+            "policy error: UNAVAILABLE"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(&mut health).await != ServingStatus::NotServing as i32 {
+        assert!(
+            Instant::now() < deadline,
+            "gRPC health did not go NOT_SERVING"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, body) = common::http_get(http, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        common::http_get(http, "/healthcheck").await.0,
+        200,
+        "liveness is not readiness"
+    );
+
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let _ = engine.decide(&req("k")).await;
+        if status(&mut health).await == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gRPC health did not recover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(common::http_get(http, "/readyz").await.0, 200);
+    running.stop().await.unwrap();
+}

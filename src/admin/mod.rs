@@ -32,6 +32,7 @@ pub fn router<S: Store>(
 ) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck::<S>))
+        .route("/readyz", get(readyz::<S>))
         .route("/json", post(json_call::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
@@ -118,6 +119,32 @@ async fn healthcheck<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Respo
         (StatusCode::OK, "OK\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "NOT SERVING\n").into_response()
+    }
+}
+
+/// Readiness: serving, and the backend up or a failure policy that answers without it.
+async fn readyz<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let store = state.service.engine().store();
+    if !state.serving.load(Ordering::Acquire) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT SERVING: shutting down\n",
+        )
+            .into_response()
+    } else if !store.ready() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT READY: the rate limit backend is down and the failure policy is error\n",
+        )
+            .into_response()
+    } else if !store.backend_up() {
+        (
+            StatusCode::OK,
+            "READY: backend down, answering by the failure policy\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "READY\n").into_response()
     }
 }
 

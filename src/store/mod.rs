@@ -73,4 +73,15 @@ pub trait Store: Send + Sync + 'static {
     fn backend_up(&self) -> bool {
         true
     }
+
+    /// Whether calls are still answered while the backend is down (false when the failure
+    /// policy is `error`).
+    fn serves_without_backend(&self) -> bool {
+        true
+    }
+
+    /// Ready to take traffic: the backend is up, or the failure policy answers without it.
+    fn ready(&self) -> bool {
+        self.backend_up() || self.serves_without_backend()
+    }
 }

@@ -183,6 +183,10 @@ impl<P: Store> Store for Resilient<P> {
     fn backend_up(&self) -> bool {
         self.breaker.state() == BreakerState::Closed
     }
+
+    fn serves_without_backend(&self) -> bool {
+        self.default_mode != FailureMode::Error
+    }
 }
 
 #[cfg(test)]
