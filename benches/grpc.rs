@@ -8,6 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+#[path = "common/noop.rs"]
+mod noop;
+
+use noop::NoOp;
 use sluice::clock::SystemClock;
 use sluice::engine::{Engine, EngineSettings};
 use sluice::proto::{self, RateLimitServiceClient, RateLimitServiceServer};
@@ -38,30 +42,6 @@ fn request() -> proto::RateLimitRequest {
             d(&[("api_key", "key-1"), ("path", "/v1/search")]),
         ],
         hits_addend: 0,
-    }
-}
-
-/// Answers OK without deciding anything.
-struct NoOp;
-
-#[tonic::async_trait]
-impl proto::RateLimitService for NoOp {
-    async fn should_rate_limit(
-        &self,
-        r: tonic::Request<proto::RateLimitRequest>,
-    ) -> Result<tonic::Response<proto::RateLimitResponse>, tonic::Status> {
-        let n = r.into_inner().descriptors.len();
-        Ok(tonic::Response::new(proto::RateLimitResponse {
-            overall_code: proto::Code::Ok as i32,
-            statuses: vec![
-                proto::DescriptorStatus {
-                    code: proto::Code::Ok as i32,
-                    ..Default::default()
-                };
-                n
-            ],
-            ..Default::default()
-        }))
     }
 }
 

@@ -8,6 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "common/noop.rs"]
+mod noop;
+
+use noop::NoOp;
 use sluice::clock::SystemClock;
 use sluice::engine::{Engine, EngineSettings};
 use sluice::limiter::{Algorithm, Limit};
@@ -110,30 +114,6 @@ fn redis_store(topology: Topology) -> Resilient<RedisStore> {
         Breaker::new(5, Duration::from_millis(500), clock),
         FailureMode::Error,
     )
-}
-
-/// Answers OK without deciding: the ceiling of the stack.
-struct NoOp;
-
-#[tonic::async_trait]
-impl proto::RateLimitService for NoOp {
-    async fn should_rate_limit(
-        &self,
-        r: tonic::Request<proto::RateLimitRequest>,
-    ) -> Result<tonic::Response<proto::RateLimitResponse>, tonic::Status> {
-        let n = r.into_inner().descriptors.len();
-        Ok(tonic::Response::new(proto::RateLimitResponse {
-            overall_code: proto::Code::Ok as i32,
-            statuses: vec![
-                proto::DescriptorStatus {
-                    code: proto::Code::Ok as i32,
-                    ..Default::default()
-                };
-                n
-            ],
-            ..Default::default()
-        }))
-    }
 }
 
 async fn serve<S: Store>(store: S) -> std::net::SocketAddr {

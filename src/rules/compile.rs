@@ -375,24 +375,13 @@ impl Compiler<'_> {
             self.plan_groups.push((at, group.clone()));
             Some(PlanRef { source, group })
         });
-        if let Some(plan) = plan {
+        let rule = if let Some(plan) = plan {
             self.rule_count += 1;
-            let rule = Rule {
+            Some(Rule {
                 plan: Some(plan),
                 ..self.rule(raw, here, &[], path)
-            };
-            return Node {
-                rule: Some(rule),
-                share: raw.share_threshold,
-                children: self.level(
-                    &raw.descriptors,
-                    &format!("{here}.descriptors"),
-                    composite,
-                    path,
-                ),
-            };
-        }
-        let rule = if limits.is_empty() {
+            })
+        } else if limits.is_empty() {
             for (set, field) in [
                 (raw.failure_mode.is_some(), "failure_mode"),
                 (raw.hash_tag.is_some(), "hash_tag"),

@@ -8,18 +8,20 @@ local function fixed_window_current(key, lim, now)
   return start, count
 end
 
+local function fixed_window_store(key, lim, now, start, count)
+  if count == 0 then
+    store_ints(key, nil)
+  else
+    store_ints(key, { start, count }, start + lim.period, now)
+  end
+end
+
 local function fixed_window_decide(key, lim, now, hits)
   local start, count = fixed_window_current(key, lim, now)
   local to_end = start + lim.period - now
   if hits <= lim.requests and count <= lim.requests - hits then
     count = count + hits
-    local commit = function()
-      if count == 0 then
-        store_ints(key, nil)
-      else
-        store_ints(key, { start, count }, start + lim.period, now)
-      end
-    end
+    local commit = function() fixed_window_store(key, lim, now, start, count) end
     return { 1, lim.requests - count, to_end, 0 }, commit
   end
   return { 0, math.max(lim.requests - count, 0), to_end, to_end }, nil
@@ -27,10 +29,5 @@ end
 
 local function fixed_window_refund(key, lim, now, hits)
   local start, count = fixed_window_current(key, lim, now)
-  count = math.max(count - hits, 0)
-  if count == 0 then
-    store_ints(key, nil)
-  else
-    store_ints(key, { start, count }, start + lim.period, now)
-  end
+  fixed_window_store(key, lim, now, start, math.max(count - hits, 0))
 end
