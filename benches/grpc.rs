@@ -61,6 +61,7 @@ fn round_trip(c: &mut Criterion) {
             headers: HeaderSet::parse("retry-after,draft03").unwrap(),
             housekeeping_every: Duration::from_secs(5),
             reloader: None,
+            metrics: None,
         };
         let running = server::start(options, engine).await.unwrap();
         let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))

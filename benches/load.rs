@@ -128,6 +128,7 @@ async fn serve<S: Store>(store: S) -> std::net::SocketAddr {
         headers: HeaderSet::parse("retry-after,draft03").unwrap(),
         housekeeping_every: Duration::from_secs(5),
         reloader: None,
+        metrics: None,
     };
     let running = server::start(options, engine).await.unwrap();
     let addr = running.grpc_addr;

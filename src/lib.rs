@@ -10,6 +10,7 @@ pub mod clock;
 pub mod engine;
 pub mod explain;
 pub mod limiter;
+pub mod metrics;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use sluice::clock::SystemClock;
 use sluice::engine::{Bounds, Engine, EngineSettings};
+use sluice::metrics::Metrics;
 use sluice::rules::load_path;
 use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
@@ -138,6 +139,16 @@ struct ServeArgs {
     /// UNAVAILABLE (Envoy's failure_mode_deny decides) until expired ones are swept.
     #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 10_000_000)]
     max_keys: usize,
+    /// Hits at or above this share of a limit count as near the limit in the metrics.
+    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    near_limit_ratio: f64,
+    /// Most metric series labelled with descriptor values (detailed_metric, value_to_metric);
+    /// beyond it they are counted under rule="_other_".
+    #[arg(long, env = "SLUICE_METRICS_MAX_SERIES", default_value_t = 10_000)]
+    metrics_max_series: usize,
+    /// On SIGTERM, how long in-flight calls may take to finish before sluice exits anyway.
+    #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
     max_descriptors: usize,
@@ -256,16 +267,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_entry_bytes: args.max_entry_bytes,
         },
     };
+    let metrics = Arc::new(Metrics::new(args.near_limit_ratio, args.metrics_max_series));
     let options = Options {
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         headers,
         housekeeping_every: Duration::from_secs(5),
         reloader: None,
+        metrics: Some(metrics.clone()),
     };
     let live = Live {
         config: args.config.clone(),
         watch: args.watch,
+        shutdown_grace: args.shutdown_grace,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let memory = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
@@ -297,7 +311,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     key_prefix: args.redis_key_prefix.clone(),
                 })?;
                 let breaker = Breaker::new(5, Duration::from_millis(500), Arc::new(SystemClock));
-                let store = Resilient::new(redis, memory, breaker, args.failure_mode);
+                let store =
+                    Resilient::new(redis, memory, breaker, args.failure_mode).with_metrics(metrics);
                 run(options, live, Engine::new(rules, store, settings)).await
             }
         }
@@ -308,15 +323,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 struct Live {
     config: PathBuf,
     watch: bool,
+    shutdown_grace: Duration,
 }
 
 async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> anyhow::Result<()> {
     let engine = Arc::new(engine);
     let reloader = {
         let engine = engine.clone();
-        Arc::new(Reloader::new(live.config, &engine.rules(), move |rules| {
+        let reloader = Reloader::new(live.config, &engine.rules(), move |rules| {
             engine.replace_rules(rules)
-        }))
+        });
+        Arc::new(match &options.metrics {
+            Some(m) => reloader.with_metrics(m.clone()),
+            None => reloader,
+        })
     };
     let _watch = if live.watch {
         Some(
@@ -348,7 +368,13 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     shutdown_signal().await;
     tracing::info!("shutting down");
     sighup.abort();
-    running.stop().await
+    match tokio::time::timeout(live.shutdown_grace, running.stop()).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(grace = ?live.shutdown_grace, "calls still in flight after the grace period; exiting");
+            Ok(())
+        }
+    }
 }
 
 async fn shutdown_signal() {

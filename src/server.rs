@@ -28,6 +28,8 @@ pub struct Options {
     pub housekeeping_every: Duration,
     /// Reloads the rules (for `/config`); None when the rules are fixed.
     pub reloader: Option<Arc<Reloader>>,
+    /// Serves `/metrics` and records calls; None for no metrics.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
@@ -61,7 +63,11 @@ pub async fn start<S: Store>(
             .await;
     }
     let serving = Arc::new(AtomicBool::new(true));
-    let service = Arc::new(RateLimitGrpc::new(engine.clone(), options.headers));
+    let service = Arc::new(RateLimitGrpc::new(
+        engine.clone(),
+        options.headers,
+        options.metrics.clone(),
+    ));
     let (stop, stopped) = watch::channel(false);
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

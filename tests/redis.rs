@@ -651,6 +651,7 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         headers: sluice::service::HeaderSet::parse("none").unwrap(),
         housekeeping_every: Duration::from_secs(3600),
         reloader: None,
+        metrics: None,
     };
     let running = sluice::server::start(options, engine.clone())
         .await

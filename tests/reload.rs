@@ -50,6 +50,7 @@ async fn start_live(dir: &Path) -> Live {
         headers: HeaderSet::parse("none").unwrap(),
         housekeeping_every: Duration::from_secs(3600),
         reloader: Some(reloader.clone()),
+        metrics: None,
     };
     let running = server::start(options, engine).await.unwrap();
     Live {

@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::metrics::Gauges;
 use crate::proto::Code;
 use crate::rules::reload::Reloader;
 use crate::service::RateLimitGrpc;
@@ -36,6 +37,7 @@ pub fn router<S: Store>(
         .route("/json", post(json_call::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
+        .route("/metrics", get(metrics::<S>))
         .with_state(Arc::new(AdminState {
             service,
             serving,
@@ -120,6 +122,35 @@ async fn healthcheck<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Respo
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "NOT SERVING\n").into_response()
     }
+}
+
+/// Prometheus text format; 404 when metrics are off.
+async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let Some(metrics) = state.service.metrics() else {
+        return (StatusCode::NOT_FOUND, "metrics are off\n").into_response();
+    };
+    let engine = state.service.engine();
+    let store = engine.store();
+    let gauges = Gauges {
+        keys_in_memory: store.keys_in_memory(),
+        breaker_state: store.breaker_state(),
+        rules_loaded: engine.rules().rule_count(),
+        last_reload_unix: state
+            .reloader
+            .as_ref()
+            .and_then(|r| r.status().loaded_at)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs()),
+    };
+    (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics.render(gauges),
+    )
+        .into_response()
 }
 
 /// Readiness: serving, and the backend up or a failure policy that answers without it.

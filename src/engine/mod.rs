@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use request::{
-    Bounds, Code, Decision, Descriptor, LimitOverride, ReportedLimit, Request, Status,
+    Bounds, Code, Decision, Descriptor, LimitOverride, ReportedLimit, Request, Status, StatusStats,
 };
 
 use crate::clock::MICROS_PER_SECOND;
@@ -294,6 +294,21 @@ impl<S: Store> Engine<S> {
             if denied {
                 retry_after_us = Some(retry_after_us.unwrap_or(0).max(v.retry_after_us));
             }
+            let rule = resolved[i].rule;
+            let detailed = rule.is_some_and(|r| r.detailed_metric || r.value_to_metric);
+            let label = match rule {
+                Some(_) if detailed => {
+                    let parts: Vec<String> = request.descriptors[i]
+                        .entries
+                        .iter()
+                        .map(|(k, v)| format!("{k}_{v}"))
+                        .collect();
+                    Arc::from(parts.join("."))
+                }
+                Some(r) => r.label.clone(),
+                // A request override with no matching rule.
+                None => Arc::from("_override_"),
+            };
             statuses[i] = Status {
                 code: if denied { Code::OverLimit } else { Code::Ok },
                 limit: Some(ReportedLimit::of(p.tier)),
@@ -303,6 +318,12 @@ impl<S: Store> Engine<S> {
                 } else {
                     v.retry_after_us
                 }),
+                stats: Some(StatusStats {
+                    rule: label,
+                    detailed,
+                    hits: p.hits,
+                    shadow_denied: !v.allowed && p.kind == CheckKind::Shadow,
+                }),
             };
         }
         let over = !outcome.allowed && !self.settings.global_shadow;
@@ -310,6 +331,7 @@ impl<S: Store> Engine<S> {
             code: if over { Code::OverLimit } else { Code::Ok },
             statuses,
             retry_after_us: if over { retry_after_us } else { None },
+            by_policy: outcome.by_policy,
         })
     }
 }

@@ -1,5 +1,7 @@
 //! The domain types of one request and its answer.
 
+use std::sync::Arc;
+
 use super::EngineError;
 use crate::rules::{Tier, Unit};
 
@@ -65,6 +67,20 @@ pub struct Status {
     pub remaining: u64,
     /// OK: until fully replenished; OVER_LIMIT: until this request would be allowed.
     pub duration_us: Option<u64>,
+    /// For metrics: which rule decided, with how many hits.
+    pub stats: Option<StatusStats>,
+}
+
+/// What metrics need of a limited status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusStats {
+    /// The rule's path, or with `detailed_metric`/`value_to_metric` the request's entries.
+    pub rule: Arc<str>,
+    /// The label carries request values (its series must be capped).
+    pub detailed: bool,
+    pub hits: u64,
+    /// A shadow-mode rule that would have denied.
+    pub shadow_denied: bool,
 }
 
 impl Status {
@@ -74,6 +90,7 @@ impl Status {
             limit: None,
             remaining: 0,
             duration_us: None,
+            stats: None,
         }
     }
 
@@ -93,6 +110,8 @@ pub struct Decision {
     pub statuses: Vec<Status>,
     /// When the request is OVER_LIMIT: the longest wait among the denying limits.
     pub retry_after_us: Option<u64>,
+    /// Decided by the failure policy because the backend could not answer.
+    pub by_policy: bool,
 }
 
 impl Decision {
@@ -101,6 +120,7 @@ impl Decision {
             code: Code::Ok,
             statuses: vec![Status::ok_without_limit(); descriptors],
             retry_after_us: None,
+            by_policy: false,
         }
     }
 }

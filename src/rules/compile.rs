@@ -464,6 +464,7 @@ impl Compiler<'_> {
         }
         Rule {
             path: path.to_owned(),
+            label: path.into(),
             failure_mode,
             hash_tag: raw.hash_tag.clone().filter(|t| !t.is_empty()),
             plan: None,

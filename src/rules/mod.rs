@@ -151,6 +151,8 @@ struct Node {
 pub struct Rule {
     /// Reference-style path, e.g. `key_value.subkey` (for logs, metrics, explain).
     pub path: String,
+    /// `path`, shared: the `rule` label of its metrics.
+    pub label: std::sync::Arc<str>,
     pub tiers: Vec<Tier>,
     pub unlimited: bool,
     pub shadow_mode: bool,

@@ -34,6 +34,7 @@ pub struct Reloader {
     path: PathBuf,
     status: Mutex<ReloadStatus>,
     apply: Apply,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -60,7 +61,14 @@ impl Reloader {
                 ..ReloadStatus::default()
             }),
             apply: Box::new(apply),
+            metrics: None,
         }
+    }
+
+    /// Reload results go to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -77,6 +85,9 @@ impl Reloader {
     /// Loads the whole set now; swaps it in, or keeps the old one and records why.
     pub fn reload(&self) -> Result<(), RuleErrors> {
         let result = load_path(&self.path);
+        if let Some(m) = &self.metrics {
+            m.observe_reload(result.is_ok());
+        }
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(rules) => {

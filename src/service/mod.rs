@@ -5,11 +5,15 @@ pub mod headers;
 
 use std::sync::Arc;
 
+use std::time::Instant;
+
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 pub use headers::{HeaderSet, HeaderSetError};
 
 use crate::engine::{self, Code, Decision, Engine, EngineError, LimitOverride};
+use crate::metrics::{CallResult, Metrics};
 use crate::proto::{self, OverrideUnit, RateLimitRequest, RateLimitResponse, ResponseUnit};
 use crate::rules::Unit;
 use crate::store::Store;
@@ -18,11 +22,20 @@ use crate::store::Store;
 pub struct RateLimitGrpc<S> {
     engine: Arc<Engine<S>>,
     headers: HeaderSet,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<S: Store> RateLimitGrpc<S> {
-    pub fn new(engine: Arc<Engine<S>>, headers: HeaderSet) -> Self {
-        Self { engine, headers }
+    pub fn new(engine: Arc<Engine<S>>, headers: HeaderSet, metrics: Option<Arc<Metrics>>) -> Self {
+        Self {
+            engine,
+            headers,
+            metrics,
+        }
+    }
+
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
     }
 
     pub fn engine(&self) -> &Arc<Engine<S>> {
@@ -31,9 +44,31 @@ impl<S: Store> RateLimitGrpc<S> {
 
     /// One call, from wire request to wire response (also used by HTTP `/json`).
     pub async fn handle(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let request = to_domain(request)?;
-        let decision = self.engine.decide(&request).await.map_err(to_status)?;
-        Ok(self.to_wire(&decision))
+        let started = Instant::now();
+        let span = tracing::debug_span!(
+            "should_rate_limit",
+            domain = %request.domain,
+            descriptors = request.descriptors.len(),
+            decision = tracing::field::Empty,
+        );
+        let domain = request.domain.clone();
+        let result = async {
+            let request = to_domain(request)?;
+            self.engine.decide(&request).await.map_err(to_status)
+        }
+        .instrument(span.clone())
+        .await;
+        let call = match &result {
+            Ok(d) if d.code == Code::OverLimit => CallResult::OverLimit,
+            Ok(_) => CallResult::Ok,
+            Err(s) if s.code() == tonic::Code::InvalidArgument => CallResult::Invalid,
+            Err(_) => CallResult::Error,
+        };
+        span.record("decision", format!("{call:?}"));
+        if let Some(m) = &self.metrics {
+            m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
+        }
+        result.map(|d| self.to_wire(&d))
     }
 
     fn to_wire(&self, decision: &Decision) -> RateLimitResponse {

@@ -114,6 +114,7 @@ fn limited(
         }),
         remaining,
         duration_us: Some(us),
+        stats: None,
     }
 }
 
@@ -122,6 +123,7 @@ fn decision(code: Code, statuses: Vec<DStatus>, retry: Option<u64>) -> Decision 
         code,
         statuses,
         retry_after_us: retry,
+        by_policy: false,
     }
 }
 

@@ -178,7 +178,11 @@ impl MemoryStore {
                 self.commit(shard, c, slot.hash, Update::Set(next));
             }
         }
-        Ok(Outcome { allowed, verdicts })
+        Ok(Outcome {
+            allowed,
+            verdicts,
+            by_policy: false,
+        })
     }
 
     /// Applies `update` to the key's state in place; an empty result forgets the key.
@@ -226,6 +230,10 @@ impl Store for MemoryStore {
 
     fn housekeeping(&self) {
         self.sweep();
+    }
+
+    fn keys_in_memory(&self) -> Option<usize> {
+        Some(self.len())
     }
 }
 

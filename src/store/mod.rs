@@ -56,6 +56,8 @@ pub enum StoreError {
 pub struct Outcome {
     pub allowed: bool,
     pub verdicts: Vec<Verdict>,
+    /// Decided by the failure policy, not the backend.
+    pub by_policy: bool,
 }
 
 pub trait Store: Send + Sync + 'static {
@@ -78,6 +80,16 @@ pub trait Store: Send + Sync + 'static {
     /// policy is `error`).
     fn serves_without_backend(&self) -> bool {
         true
+    }
+
+    /// Counters held in this process's memory, for metrics.
+    fn keys_in_memory(&self) -> Option<usize> {
+        None
+    }
+
+    /// The backend's circuit breaker (0 closed, 1 open, 2 half-open), for metrics.
+    fn breaker_state(&self) -> Option<i64> {
+        None
     }
 
     /// Ready to take traffic: the backend is up, or the failure policy answers without it.

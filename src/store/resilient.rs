@@ -7,9 +7,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use super::breaker::{Breaker, BreakerState};
 use super::{Check, CheckKind, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::Verdict;
+use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailureMode {
@@ -64,6 +67,7 @@ pub struct Resilient<P> {
     default_mode: FailureMode,
     /// Decisions the failure policy took (for metrics and tests).
     policy_decisions: AtomicU64,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<P: Store> Resilient<P> {
@@ -79,6 +83,19 @@ impl<P: Store> Resilient<P> {
             breaker,
             default_mode,
             policy_decisions: AtomicU64::new(0),
+            metrics: None,
+        }
+    }
+
+    /// Backend call latency and errors go to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn observe(&self, took: std::time::Duration, error: Option<&str>) {
+        if let Some(m) = &self.metrics {
+            m.observe_backend(took, error);
         }
     }
 
@@ -122,6 +139,7 @@ impl<P: Store> Resilient<P> {
             Outcome {
                 allowed: true,
                 verdicts: Vec::new(),
+                by_policy: true,
             }
         } else {
             self.local.apply_now(&local_checks)?
@@ -149,6 +167,7 @@ impl<P: Store> Resilient<P> {
         Ok(Outcome {
             allowed: !denied_by_policy && local_outcome.allowed,
             verdicts,
+            by_policy: true,
         })
     }
 }
@@ -156,17 +175,28 @@ impl<P: Store> Resilient<P> {
 impl<P: Store> Store for Resilient<P> {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         if !self.breaker.allow() {
+            if let Some(m) = &self.metrics {
+                m.observe_backend(std::time::Duration::ZERO, Some("circuit_open"));
+            }
             return self.fallback(
                 checks,
                 StoreError::Unavailable("circuit open after repeated backend failures".into()),
             );
         }
+        let started = std::time::Instant::now();
         match self.primary.apply(checks).await {
             Ok(outcome) => {
+                self.observe(started.elapsed(), None);
                 self.breaker.success();
                 Ok(outcome)
             }
             Err(e @ StoreError::Unavailable(_)) => {
+                let kind = if e.to_string().contains("did not answer within") {
+                    "timeout"
+                } else {
+                    "unavailable"
+                };
+                self.observe(started.elapsed(), Some(kind));
                 self.breaker.failure();
                 tracing::debug!(error = %e, "backend call failed; applying the failure policy");
                 self.fallback(checks, e)
@@ -186,6 +216,18 @@ impl<P: Store> Store for Resilient<P> {
 
     fn serves_without_backend(&self) -> bool {
         self.default_mode != FailureMode::Error
+    }
+
+    fn keys_in_memory(&self) -> Option<usize> {
+        Some(self.local.len())
+    }
+
+    fn breaker_state(&self) -> Option<i64> {
+        Some(match self.breaker.state() {
+            BreakerState::Closed => 0,
+            BreakerState::Open => 1,
+            BreakerState::HalfOpen => 2,
+        })
     }
 }
 

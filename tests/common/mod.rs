@@ -33,6 +33,8 @@ pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> Test
         headers: HeaderSet::parse(headers).unwrap(),
         housekeeping_every: Duration::from_secs(3600),
         reloader: None,
+        // A small series cap, so tests reach it.
+        metrics: Some(Arc::new(sluice::metrics::Metrics::new(0.8, 3))),
     };
     let running = server::start(options, engine).await.expect("server starts");
     TestServer { clock, running }

@@ -348,7 +348,11 @@ impl Store for RedisStore {
         if let Some(e) = failure {
             return Err(e);
         }
-        Ok(Outcome { allowed, verdicts })
+        Ok(Outcome {
+            allowed,
+            verdicts,
+            by_policy: false,
+        })
     }
 }
 

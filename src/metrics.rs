@@ -1,0 +1,303 @@
+//! Prometheus metrics (`GET /metrics`). Names are `sluice_*`, counters end in `_total`, times are
+//! in seconds. Per-rule series are labelled by domain and rule path; descriptor values appear in
+//! labels only for rules with `detailed_metric`/`value_to_metric`, and those series are capped
+//! (`--metrics-max-series`): past the cap they are counted under `rule="_other_"`.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::engine::{Code, Decision, Status};
+
+/// How a call ended, for `sluice_should_rate_limit_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    Ok,
+    OverLimit,
+    Invalid,
+    Error,
+}
+
+impl CallResult {
+    fn label(self) -> &'static str {
+        match self {
+            CallResult::Ok => "ok",
+            CallResult::OverLimit => "over_limit",
+            CallResult::Invalid => "invalid",
+            CallResult::Error => "error",
+        }
+    }
+}
+
+/// Gauges read at scrape time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    pub keys_in_memory: Option<usize>,
+    /// 0 closed, 1 open, 2 half-open; None without a remote backend.
+    pub breaker_state: Option<i64>,
+    pub rules_loaded: usize,
+    pub last_reload_unix: Option<u64>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    rule_hits: IntCounterVec,
+    rule_over_limit: IntCounterVec,
+    rule_near_limit: IntCounterVec,
+    rule_within_limit: IntCounterVec,
+    rule_shadow_mode: IntCounterVec,
+    rule_failure_policy: IntCounterVec,
+    calls: IntCounterVec,
+    call_seconds: Histogram,
+    backend_seconds: Histogram,
+    backend_errors: IntCounterVec,
+    breaker_state: IntGauge,
+    reloads: IntCounterVec,
+    last_reload: IntGauge,
+    rules_loaded: IntGauge,
+    keys: IntGauge,
+    near_limit_ratio: f64,
+    max_series: usize,
+    detailed_series: Mutex<HashSet<(String, String)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+];
+
+impl Metrics {
+    pub fn new(near_limit_ratio: f64, max_series: usize) -> Self {
+        let registry = Registry::new();
+        let rule = |name: &str, help: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &["domain", "rule"])
+                .expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
+            c
+        };
+        let rule_hits = rule("sluice_rule_hits_total", "Hits checked against the rule.");
+        let rule_over_limit = rule(
+            "sluice_rule_over_limit_total",
+            "Hits denied by the rule (shadow-mode rules excluded).",
+        );
+        let rule_near_limit = rule(
+            "sluice_rule_near_limit_total",
+            "Hits allowed at or above --near-limit-ratio of the limit.",
+        );
+        let rule_within_limit = rule(
+            "sluice_rule_within_limit_total",
+            "Hits allowed below --near-limit-ratio of the limit.",
+        );
+        let rule_shadow_mode = rule(
+            "sluice_rule_shadow_mode_total",
+            "Hits a shadow-mode rule would have denied.",
+        );
+        let rule_failure_policy = rule(
+            "sluice_rule_failure_policy_total",
+            "Hits decided by the failure policy because the backend could not answer.",
+        );
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "sluice_should_rate_limit_total",
+                "ShouldRateLimit calls by result.",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let call_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_should_rate_limit_duration_seconds",
+                "Time to answer a ShouldRateLimit call.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        let backend_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_backend_call_duration_seconds",
+                "Time of one call to the rate limit backend (Redis).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        let backend_errors = IntCounterVec::new(
+            Opts::new(
+                "sluice_backend_errors_total",
+                "Backend calls that failed, by kind.",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("registered once");
+            g
+        };
+        let breaker_state = gauge(
+            "sluice_circuit_breaker_state",
+            "The backend circuit breaker: 0 closed, 1 open, 2 half-open.",
+        );
+        let last_reload = gauge(
+            "sluice_rules_last_reload_timestamp_seconds",
+            "When the rules now serving were loaded (Unix time).",
+        );
+        let rules_loaded = gauge("sluice_rules_loaded", "Rules (limits) loaded.");
+        let keys = gauge(
+            "sluice_memory_keys",
+            "Counters held in this process's memory.",
+        );
+        let reloads = IntCounterVec::new(
+            Opts::new("sluice_rules_reloads_total", "Rules reloads by result."),
+            &["result"],
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(calls.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(call_seconds.clone()),
+            Box::new(backend_seconds.clone()),
+            Box::new(backend_errors.clone()),
+            Box::new(reloads.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        Self {
+            registry,
+            rule_hits,
+            rule_over_limit,
+            rule_near_limit,
+            rule_within_limit,
+            rule_shadow_mode,
+            rule_failure_policy,
+            calls,
+            call_seconds,
+            backend_seconds,
+            backend_errors,
+            breaker_state,
+            reloads,
+            last_reload,
+            rules_loaded,
+            keys,
+            near_limit_ratio,
+            max_series,
+            detailed_series: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// One ShouldRateLimit call.
+    pub fn observe_call(
+        &self,
+        domain: &str,
+        result: CallResult,
+        took: Duration,
+        decision: Option<&Decision>,
+    ) {
+        self.calls.with_label_values(&[result.label()]).inc();
+        self.call_seconds.observe(took.as_secs_f64());
+        let Some(decision) = decision else { return };
+        for status in &decision.statuses {
+            self.observe_status(domain, status, decision.by_policy);
+        }
+    }
+
+    fn observe_status(&self, domain: &str, status: &Status, by_policy: bool) {
+        let (Some(stats), Some(limit)) = (&status.stats, &status.limit) else {
+            return;
+        };
+        let rule = if stats.detailed && !self.admit_series(domain, &stats.rule) {
+            "_other_"
+        } else {
+            &stats.rule
+        };
+        let labels = [domain, rule];
+        let hits = stats.hits;
+        self.rule_hits.with_label_values(&labels).inc_by(hits);
+        if by_policy {
+            self.rule_failure_policy
+                .with_label_values(&labels)
+                .inc_by(hits);
+        }
+        if stats.shadow_denied {
+            self.rule_shadow_mode
+                .with_label_values(&labels)
+                .inc_by(hits);
+        } else if status.code == Code::OverLimit {
+            self.rule_over_limit.with_label_values(&labels).inc_by(hits);
+        } else {
+            // The hits that landed at or above the near-limit threshold.
+            let limit = u64::from(limit.requests_per_unit);
+            let threshold = (limit as f64 * self.near_limit_ratio).floor() as u64;
+            let used_after = limit.saturating_sub(status.remaining);
+            let near = used_after.saturating_sub(threshold).min(hits);
+            if near > 0 {
+                self.rule_near_limit.with_label_values(&labels).inc_by(near);
+            }
+            if hits > near {
+                self.rule_within_limit
+                    .with_label_values(&labels)
+                    .inc_by(hits - near);
+            }
+        }
+    }
+
+    /// Whether a detailed (value-carrying) series may be created or already exists.
+    fn admit_series(&self, domain: &str, rule: &str) -> bool {
+        let mut series = self
+            .detailed_series
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (domain.to_owned(), rule.to_owned());
+        if series.contains(&key) {
+            return true;
+        }
+        if series.len() >= self.max_series {
+            return false;
+        }
+        series.insert(key);
+        true
+    }
+
+    /// One call to the backend; `error` names its kind when it failed.
+    pub fn observe_backend(&self, took: Duration, error: Option<&str>) {
+        self.backend_seconds.observe(took.as_secs_f64());
+        if let Some(kind) = error {
+            self.backend_errors.with_label_values(&[kind]).inc();
+        }
+    }
+
+    pub fn observe_reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "success" } else { "failure" }])
+            .inc();
+    }
+
+    /// The text exposition, with gauges read now.
+    pub fn render(&self, gauges: Gauges) -> String {
+        if let Some(k) = gauges.keys_in_memory {
+            self.keys.set(k as i64);
+        }
+        if let Some(b) = gauges.breaker_state {
+            self.breaker_state.set(b);
+        }
+        self.rules_loaded.set(gauges.rules_loaded as i64);
+        if let Some(t) = gauges.last_reload_unix {
+            self.last_reload.set(t as i64);
+        }
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

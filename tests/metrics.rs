@@ -1,0 +1,98 @@
+//! /metrics: per-rule counters, call results and latency, capped detailed series, gauges.
+
+mod common;
+
+use common::*;
+use sluice::engine::EngineSettings;
+
+const RULES: &str = r#"
+domain: m
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+"#;
+
+fn value(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+}
+
+#[tokio::test]
+async fn counts_per_rule_per_result_and_caps_detailed_series() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    // 8 hits within (up to 80% of 10), 2 near (the 9th and 10th), then 2 over.
+    for _ in 0..12 {
+        let _ = client
+            .should_rate_limit(request("m", vec![descriptor(&[("k", "a")])]))
+            .await;
+    }
+    for _ in 0..3 {
+        let _ = client
+            .should_rate_limit(request("m", vec![descriptor(&[("shadow", "s")])]))
+            .await;
+    }
+    for user in ["u1", "u2", "u3", "u4", "u5"] {
+        let _ = client
+            .should_rate_limit(request("m", vec![descriptor(&[("user", user)])]))
+            .await;
+    }
+    let _ = client
+        .should_rate_limit(request("", vec![descriptor(&[("k", "a")])]))
+        .await;
+
+    let (status, text) = http_get(server.running.http_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let rule = |name: &str, r: &str| {
+        value(
+            &text,
+            &format!("sluice_rule_{name}{{domain=\"m\",rule=\"{r}\"}}"),
+        )
+    };
+    assert_eq!(rule("hits_total", "k"), 12);
+    assert_eq!(rule("within_limit_total", "k"), 8, "{text}");
+    assert_eq!(rule("near_limit_total", "k"), 2);
+    assert_eq!(rule("over_limit_total", "k"), 2);
+    assert_eq!(rule("shadow_mode_total", "shadow"), 2);
+    assert_eq!(
+        rule("over_limit_total", "shadow"),
+        0,
+        "shadow denials are not over-limit"
+    );
+    // detailed_metric: the value is in the label, up to the cap (3 in tests), then _other_.
+    assert_eq!(rule("hits_total", "user_u1"), 1);
+    assert_eq!(rule("hits_total", "user_u3"), 1);
+    assert_eq!(rule("hits_total", "user_u4"), 0);
+    assert_eq!(rule("hits_total", "_other_"), 2);
+    assert_eq!(
+        value(&text, "sluice_should_rate_limit_total{result=\"ok\"}"),
+        18
+    );
+    assert_eq!(
+        value(
+            &text,
+            "sluice_should_rate_limit_total{result=\"over_limit\"}"
+        ),
+        2
+    );
+    assert_eq!(
+        value(&text, "sluice_should_rate_limit_total{result=\"invalid\"}"),
+        1
+    );
+    assert_eq!(
+        value(&text, "sluice_should_rate_limit_duration_seconds_count"),
+        21
+    );
+    assert_eq!(value(&text, "sluice_memory_keys"), 7);
+    assert_eq!(value(&text, "sluice_rules_loaded"), 3);
+    server.running.stop().await.unwrap();
+}
