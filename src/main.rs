@@ -49,6 +49,11 @@ enum Command {
         /// A YAML file or a directory of *.yaml / *.yml files.
         path: PathBuf,
     },
+    /// Exit 0 if the local server is ready (GET /readyz), 1 otherwise: a container HEALTHCHECK.
+    Probe {
+        #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: SocketAddr,
+    },
     /// Print the JSON Schema of rules files (config/sluice-rules.schema.json is this output).
     Schema,
     /// Show what the rules do with a request: the matched rule path (or where matching stopped),
@@ -165,6 +170,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Validate { path } => validate(&path),
+        Command::Probe { http_addr } => probe(http_addr),
         Command::Schema => {
             println!(
                 "{}",
@@ -212,6 +218,35 @@ fn validate(path: &std::path::Path) -> ExitCode {
         }
         Err(errors) => {
             println!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn probe(addr: SocketAddr) -> ExitCode {
+    use std::io::{Read, Write};
+    // A listener on 0.0.0.0 is reached on loopback.
+    let addr = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let ready = (|| -> std::io::Result<bool> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+        stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n")?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head)?;
+        Ok(&head[9..12] == b"200")
+    })();
+    match ready {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("sluice: not ready");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sluice: {addr}: {e}");
             ExitCode::FAILURE
         }
     }

@@ -173,6 +173,16 @@ impl Metrics {
         ] {
             registry.register(c).expect("registered once");
         }
+        // Series that exist from the start, so dashboards and alerts see zeros, not gaps.
+        for result in ["ok", "over_limit", "invalid", "error"] {
+            calls.with_label_values(&[result]);
+        }
+        for result in ["success", "failure"] {
+            reloads.with_label_values(&[result]);
+        }
+        for kind in ["timeout", "unavailable", "circuit_open"] {
+            backend_errors.with_label_values(&[kind]);
+        }
         Self {
             registry,
             rule_hits,
