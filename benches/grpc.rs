@@ -5,19 +5,14 @@
 //! cargo bench --bench grpc
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-#[path = "common/noop.rs"]
-mod noop;
+#[path = "common/servers.rs"]
+mod servers;
 
-use noop::NoOp;
+use servers::{serve_noop, serve_sluice};
 use sluice::clock::SystemClock;
-use sluice::engine::{Engine, EngineSettings};
-use sluice::proto::{self, RateLimitServiceClient, RateLimitServiceServer};
-use sluice::rules::load_texts;
-use sluice::server::{self, Options};
-use sluice::service::HeaderSet;
+use sluice::proto::{self, RateLimitServiceClient};
 use sluice::store::MemoryStore;
 use tonic::transport::Channel;
 
@@ -52,34 +47,11 @@ fn round_trip(c: &mut Criterion) {
         .build()
         .unwrap();
     let (sluice_client, noop_client) = rt.block_on(async {
-        let rules = load_texts([("bench.yaml", RULES)]).unwrap();
         let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
-        let engine = Arc::new(Engine::new(rules, store, EngineSettings::default()));
-        let options = Options {
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            http_addr: "127.0.0.1:0".parse().unwrap(),
-            headers: HeaderSet::parse("retry-after,draft03").unwrap(),
-            housekeeping_every: Duration::from_secs(5),
-            reloader: None,
-            metrics: None,
-        };
-        let running = server::start(options, engine).await.unwrap();
-        let sluice = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))
-            .await
-            .unwrap();
-        std::mem::forget(running);
-
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(RateLimitServiceServer::new(NoOp))
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        let noop = RateLimitServiceClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        (sluice, noop)
+        let sluice = serve_sluice(RULES, store).await;
+        let noop = serve_noop().await;
+        let connect = |addr| RateLimitServiceClient::connect(format!("http://{addr}"));
+        (connect(sluice).await.unwrap(), connect(noop).await.unwrap())
     });
     let mut group = c.benchmark_group("grpc_round_trip");
     for (name, client) in [

@@ -8,17 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "common/noop.rs"]
-mod noop;
+#[path = "common/servers.rs"]
+mod servers;
 
-use noop::NoOp;
+use servers::{serve_noop, serve_sluice};
 use sluice::clock::SystemClock;
-use sluice::engine::{Engine, EngineSettings};
 use sluice::limiter::{Algorithm, Limit};
-use sluice::proto::{self, RateLimitServiceClient, RateLimitServiceServer};
-use sluice::rules::load_texts;
-use sluice::server::{self, Options};
-use sluice::service::HeaderSet;
+use sluice::proto::{self, RateLimitServiceClient};
 use sluice::store::breaker::Breaker;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
 use sluice::store::{Check, CheckKind, FailureMode, MemoryStore, Resilient, Store};
@@ -114,37 +110,6 @@ fn redis_store(topology: Topology) -> Resilient<RedisStore> {
         Breaker::new(5, Duration::from_millis(500), clock),
         FailureMode::Error,
     )
-}
-
-async fn serve<S: Store>(store: S) -> std::net::SocketAddr {
-    let engine = Arc::new(Engine::new(
-        load_texts([("load.yaml", RULES)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    ));
-    let options = Options {
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        headers: HeaderSet::parse("retry-after,draft03").unwrap(),
-        housekeeping_every: Duration::from_secs(5),
-        reloader: None,
-        metrics: None,
-    };
-    let running = server::start(options, engine).await.unwrap();
-    let addr = running.grpc_addr;
-    std::mem::forget(running);
-    addr
-}
-
-async fn serve_noop() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(NoOp))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
-    addr
 }
 
 fn request(i: u64) -> proto::RateLimitRequest {
@@ -256,22 +221,30 @@ async fn load(seconds: u64) {
     for backend in ["noop", "memory", "redis", "redis-cluster"] {
         let addr = match backend {
             "noop" => serve_noop().await,
-            "memory" => serve(MemoryStore::new(Arc::new(SystemClock), 10_000_000)).await,
+            "memory" => {
+                serve_sluice(RULES, MemoryStore::new(Arc::new(SystemClock), 10_000_000)).await
+            }
             "redis" => {
-                serve(redis_store(Topology::Standalone(format!(
-                    "redis://127.0.0.1:{}",
-                    standalone.1[0]
-                ))))
+                serve_sluice(
+                    RULES,
+                    redis_store(Topology::Standalone(format!(
+                        "redis://127.0.0.1:{}",
+                        standalone.1[0]
+                    ))),
+                )
                 .await
             }
             _ => {
-                serve(redis_store(Topology::Cluster(
-                    cluster
-                        .1
-                        .iter()
-                        .map(|p| format!("redis://127.0.0.1:{p}"))
-                        .collect(),
-                )))
+                serve_sluice(
+                    RULES,
+                    redis_store(Topology::Cluster(
+                        cluster
+                            .1
+                            .iter()
+                            .map(|p| format!("redis://127.0.0.1:{p}"))
+                            .collect(),
+                    )),
+                )
                 .await
             }
         };

@@ -87,11 +87,7 @@ async fn serve_answers_and_exits_0_on_sigterm() {
         .spawn()
         .unwrap();
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "sluice did not start listening");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_listening(addr).await;
     assert_eq!(common::http_get(addr, "/healthcheck").await.0, 200);
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.9"}]}]}"#;
     assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
@@ -135,11 +131,8 @@ async fn sighup_reloads_even_without_watching() {
         .spawn()
         .unwrap();
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_listening(addr).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "sluice did not start listening");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     std::fs::write(
         dir.join("a.yaml"),
         "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n",

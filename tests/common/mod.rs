@@ -160,3 +160,15 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     p
 }
 pub mod redis;
+
+/// Waits (bounded) until a server process started by a test accepts connections.
+pub async fn wait_listening(addr: std::net::SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

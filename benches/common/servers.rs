@@ -1,0 +1,71 @@
+//! The servers the benchmarks call: sluice as in production (metrics on), and a no-op RLS built
+//! with the same stack that answers OK without deciding — the ceiling.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::engine::{Engine, EngineSettings};
+use sluice::metrics::Metrics;
+use sluice::proto::{self, RateLimitServiceServer};
+use sluice::rules::load_texts;
+use sluice::server::{self, Options};
+use sluice::service::HeaderSet;
+use sluice::store::Store;
+
+/// sluice on a loopback port with `rules` and `store`, for the rest of the process.
+pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
+    let engine = Arc::new(Engine::new(
+        load_texts([("bench.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    ));
+    let options = Options {
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        headers: HeaderSet::parse("retry-after,draft03").unwrap(),
+        housekeeping_every: Duration::from_secs(5),
+        reloader: None,
+        metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
+    };
+    let running = server::start(options, engine).await.unwrap();
+    let addr = running.grpc_addr;
+    std::mem::forget(running);
+    addr
+}
+
+/// The no-op RLS on a loopback port.
+pub async fn serve_noop() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(NoOp))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    addr
+}
+
+/// Answers OK without deciding anything.
+pub struct NoOp;
+
+#[tonic::async_trait]
+impl proto::RateLimitService for NoOp {
+    async fn should_rate_limit(
+        &self,
+        r: tonic::Request<proto::RateLimitRequest>,
+    ) -> Result<tonic::Response<proto::RateLimitResponse>, tonic::Status> {
+        let n = r.into_inner().descriptors.len();
+        Ok(tonic::Response::new(proto::RateLimitResponse {
+            overall_code: proto::Code::Ok as i32,
+            statuses: vec![
+                proto::DescriptorStatus {
+                    code: proto::Code::Ok as i32,
+                    ..Default::default()
+                };
+                n
+            ],
+            ..Default::default()
+        }))
+    }
+}
