@@ -51,6 +51,16 @@ impl KeyBuf {
     }
 
     fn number(&mut self, mut n: u64) {
+        // Most lengths are one or two digits.
+        if n < 10 {
+            self.bytes.push(b'0' + n as u8);
+            return;
+        }
+        if n < 100 {
+            self.bytes
+                .extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]);
+            return;
+        }
         let start = self.bytes.len();
         loop {
             self.bytes.push(b'0' + (n % 10) as u8);
