@@ -15,8 +15,8 @@ pub use request::{
 
 use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit, Verdict};
-use crate::rules::{PlanSource, Rule, RuleSet, Tier};
-use crate::store::{Check, CheckKind, KeyBuf, Store, StoreError};
+use crate::rules::{Domain, KeyPart, PlanSource, Rule, RuleSet, Tier};
+use crate::store::{Check, CheckKind, KeyBuf, Outcome, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -107,209 +107,230 @@ impl<S: Store> Engine<S> {
             // Unknown domain: OK, as the reference service answers.
             return Ok(Decision::all_ok(request.descriptors.len()));
         };
-
         let mut keys = KeyBuf::with_capacity(64 * request.descriptors.len());
-        let mut resolved = Vec::with_capacity(request.descriptors.len());
-        for (i, d) in request.descriptors.iter().enumerate() {
+        let resolved = request
+            .descriptors
+            .iter()
+            .enumerate()
+            .map(|(i, d)| resolve(domain, &request.domain, i, d, &mut keys))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut planned = plan(request, &resolved, &mut keys);
+        let checks = merge_repeats(&mut planned, &keys);
+        let outcome = self.store.apply(&checks).await?;
+        Ok(report(
+            request,
+            &resolved,
+            &planned,
+            &outcome,
+            self.settings.global_shadow,
+        ))
+    }
+}
+
+/// Matches one descriptor: its rule, where its limits come from, and its key prefix and slot
+/// tag written into `keys`.
+fn resolve<'r>(
+    domain: &'r Domain,
+    domain_name: &str,
+    i: usize,
+    d: &Descriptor,
+    keys: &mut KeyBuf,
+) -> Result<Resolved<'r>, EngineError> {
+    let entries = || d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let start = keys.len();
+    keys.domain(domain_name);
+    let rule = domain.find(entries(), |key, part, _| keys.entry(key, part));
+    let limits = match (&d.limit_override, rule) {
+        (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
+        (None, Some(r)) if r.unlimited => Limits::Unlimited,
+        (None, Some(r)) => match &r.plan {
+            // The caller's plan decides the limits.
+            Some(plan) => match domain.plan_for(plan, entries()) {
+                Some((p, _)) if p.unlimited => Limits::Unlimited,
+                Some((_, tiers)) => Limits::Tiers(tiers),
+                None => Limits::None,
+            },
+            None => Limits::Tiers(&r.tiers),
+        },
+        (None, None) => Limits::None,
+    };
+    if let Some(PlanSource::Entry(plan_key)) = rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
+    {
+        // The plan's name is not part of the counter: a caller moved to another plan keeps
+        // what it used where the tiers match.
+        keys.truncate(start);
+        keys.domain(domain_name);
+        domain.find(entries(), |key, part, _| {
+            if key != plan_key {
+                keys.entry(key, part)
+            }
+        });
+    }
+    if rule.is_none() && d.limit_override.is_some() {
+        // An override with no matching rule still needs the entries in its key.
+        keys.truncate(start);
+        keys.domain(domain_name);
+        for (k, v) in &d.entries {
+            keys.entry(k, KeyPart::Value(v));
+        }
+    }
+    let prefix = start..keys.len();
+    let tagged = rule
+        .and_then(|r| r.hash_tag.as_deref())
+        .and_then(|tag_key| d.entries.iter().find(|(k, _)| k == tag_key));
+    let tag = match tagged {
+        Some((k, v)) => {
+            let tag_start = keys.len();
+            keys.domain(domain_name);
+            keys.entry(k, KeyPart::Value(v));
+            tag_start..keys.len()
+        }
+        None => prefix.clone(),
+    };
+    Ok(Resolved {
+        rule,
+        limits,
+        prefix,
+        tag,
+    })
+}
+
+/// One check per limit that applies, after `replaces`; each check's key written into `keys`.
+fn plan<'r>(
+    request: &Request,
+    resolved: &'r [Resolved<'r>],
+    keys: &mut KeyBuf,
+) -> Vec<Planned<'r>> {
+    // `replaces`: a limit named by another matched limit's `replaces` is dropped.
+    let replaced: Vec<&str> = resolved
+        .iter()
+        .filter_map(|r| match &r.limits {
+            Limits::Tiers(tiers) => Some(*tiers),
+            _ => None,
+        })
+        .flatten()
+        .flat_map(|t| t.replaces.iter().map(String::as_str))
+        .collect();
+    let mut planned = Vec::with_capacity(request.descriptors.len());
+    for (i, (r, d)) in resolved.iter().zip(&request.descriptors).enumerate() {
+        let tiers: &[Tier] = match &r.limits {
+            Limits::Tiers(t) => t,
+            Limits::Override(t) => std::slice::from_ref(t),
+            Limits::None | Limits::Unlimited => continue,
+        };
+        let shadow =
+            r.rule.is_some_and(|r| r.shadow_mode) && !matches!(r.limits, Limits::Override(_));
+        let kind = match (d.refund, shadow) {
+            (true, _) => CheckKind::Refund,
+            (false, true) => CheckKind::Shadow,
+            (false, false) => CheckKind::Enforce,
+        };
+        for tier in tiers {
+            if tier.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                continue;
+            }
             let start = keys.len();
-            keys.domain(&request.domain);
-            let rule = domain.find(
-                d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                |key, part, _| keys.entry(key, part),
-            );
-            let limits = match (&d.limit_override, rule) {
-                (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
-                (None, Some(r)) if r.unlimited => Limits::Unlimited,
-                (None, Some(r)) => match &r.plan {
-                    // The caller's plan decides the limits.
-                    Some(plan) => {
-                        let entries = d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                        match domain.plan_for(plan, entries) {
-                            Some((p, _)) if p.unlimited => Limits::Unlimited,
-                            Some((_, tiers)) => Limits::Tiers(tiers),
-                            None => Limits::None,
-                        }
-                    }
-                    None => Limits::Tiers(&r.tiers),
-                },
-                (None, None) => Limits::None,
-            };
-            if let Some(PlanSource::Entry(plan_key)) =
-                rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
-            {
-                // The plan's name is not part of the counter: a caller moved to another plan
-                // keeps what it used where the tiers match.
-                keys.truncate(start);
-                keys.domain(&request.domain);
-                domain.find(
-                    d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                    |key, part, _| {
-                        if key != plan_key {
-                            keys.entry(key, part)
-                        }
-                    },
-                );
-            }
-            if rule.is_none() && d.limit_override.is_some() {
-                // An override with no matching rule still needs the entries in its key.
-                keys.truncate(start);
-                keys.domain(&request.domain);
-                for (k, v) in &d.entries {
-                    keys.entry(k, crate::rules::KeyPart::Value(v));
-                }
-            }
-            let prefix = start..keys.len();
-            let tagged = rule
-                .and_then(|r| r.hash_tag.as_deref())
-                .and_then(|tag_key| d.entries.iter().find(|(k, _)| k == tag_key));
-            let tag = match tagged {
-                Some((k, v)) => {
-                    let tag_start = keys.len();
-                    keys.domain(&request.domain);
-                    keys.entry(k, crate::rules::KeyPart::Value(v));
-                    tag_start..keys.len()
-                }
-                None => prefix.clone(),
-            };
-            resolved.push(Resolved {
-                rule,
-                limits,
-                prefix,
-                tag,
+            keys.repeat(r.prefix.clone());
+            keys.limit(tier.limit.algorithm, tier.unit, tier.unit_multiplier);
+            planned.push(Planned {
+                descriptor: i,
+                tier,
+                key: start..keys.len(),
+                tag: r.tag.clone(),
+                check: 0,
+                on_failure: r.rule.and_then(|r| r.failure_mode),
+                kind,
+                hits: d.hits,
             });
         }
+    }
+    planned
+}
 
-        // `replaces`: a limit named by another matched limit's `replaces` is dropped.
-        let replaced: Vec<&str> = resolved
-            .iter()
-            .filter_map(|r| match &r.limits {
-                Limits::Tiers(tiers) => Some(*tiers),
-                _ => None,
+/// One check per counter: a request that names a counter twice (two identical descriptors)
+/// charges it once with the sum of the hits, so every store sees each consuming key once.
+fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Check<'a>> {
+    let mut checks: Vec<Check<'a>> = Vec::with_capacity(planned.len());
+    for p in planned.iter_mut() {
+        let key = keys.slice(p.key.clone());
+        let repeat = (p.kind != CheckKind::Refund)
+            .then(|| {
+                checks
+                    .iter()
+                    .position(|c| c.kind != CheckKind::Refund && c.key == key)
             })
-            .flatten()
-            .flat_map(|t| t.replaces.iter().map(String::as_str))
-            .collect();
-
-        let mut planned = Vec::with_capacity(request.descriptors.len());
-        for (i, (r, d)) in resolved.iter().zip(&request.descriptors).enumerate() {
-            let tiers: &[Tier] = match &r.limits {
-                Limits::Tiers(t) => t,
-                Limits::Override(t) => std::slice::from_ref(t),
-                Limits::None | Limits::Unlimited => continue,
-            };
-            let shadow =
-                r.rule.is_some_and(|r| r.shadow_mode) && !matches!(r.limits, Limits::Override(_));
-            let kind = match (d.refund, shadow) {
-                (true, _) => CheckKind::Refund,
-                (false, true) => CheckKind::Shadow,
-                (false, false) => CheckKind::Enforce,
-            };
-            for tier in tiers {
-                if tier.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
-                    continue;
+            .flatten();
+        match repeat {
+            Some(j) => {
+                let c = &mut checks[j];
+                c.hits = c.hits.saturating_add(p.hits);
+                if p.kind == CheckKind::Enforce {
+                    c.kind = CheckKind::Enforce;
                 }
-                let start = keys.len();
-                keys.repeat(r.prefix.clone());
-                keys.limit(tier.limit.algorithm, tier.unit, tier.unit_multiplier);
-                planned.push(Planned {
-                    descriptor: i,
-                    tier,
-                    key: start..keys.len(),
-                    tag: r.tag.clone(),
-                    check: 0,
-                    on_failure: r.rule.and_then(|r| r.failure_mode),
-                    kind,
-                    hits: d.hits,
+                p.check = j;
+            }
+            None => {
+                p.check = checks.len();
+                checks.push(Check {
+                    key,
+                    tag: keys.slice(p.tag.clone()),
+                    limit: &p.tier.limit,
+                    hits: p.hits,
+                    kind: p.kind,
+                    on_failure: p.on_failure,
                 });
             }
         }
+    }
+    checks
+}
 
-        // One check per counter: a request that names a counter twice (two identical
-        // descriptors) charges it once with the sum of the hits, so every store sees each
-        // consuming key once.
-        let mut checks: Vec<Check<'_>> = Vec::with_capacity(planned.len());
-        for p in planned.iter_mut() {
-            let key = keys.slice(p.key.clone());
-            let repeat = (p.kind != CheckKind::Refund)
-                .then(|| {
-                    checks
-                        .iter()
-                        .position(|c| c.kind != CheckKind::Refund && c.key == key)
-                })
-                .flatten();
-            match repeat {
-                Some(j) => {
-                    let c = &mut checks[j];
-                    c.hits = c.hits.saturating_add(p.hits);
-                    if p.kind == CheckKind::Enforce {
-                        c.kind = CheckKind::Enforce;
-                    }
-                    p.check = j;
-                }
-                None => {
-                    p.check = checks.len();
-                    checks.push(Check {
-                        key,
-                        tag: keys.slice(p.tag.clone()),
-                        limit: &p.tier.limit,
-                        hits: p.hits,
-                        kind: p.kind,
-                        on_failure: p.on_failure,
-                    });
-                }
-            }
+/// A status per descriptor from the store's verdicts: the denying tier (the one that waits
+/// longest), else the tier with the least remaining.
+fn report(
+    request: &Request,
+    resolved: &[Resolved<'_>],
+    planned: &[Planned<'_>],
+    outcome: &Outcome,
+    global_shadow: bool,
+) -> Decision {
+    let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
+    for p in planned {
+        let v = &outcome.verdicts[p.check];
+        let slot = &mut chosen[p.descriptor];
+        let better = match slot {
+            None => true,
+            Some((_, cur)) => match (v.allowed, cur.allowed) {
+                (false, true) => true,
+                (false, false) => v.retry_after_us > cur.retry_after_us,
+                (true, true) => v.remaining < cur.remaining,
+                (true, false) => false,
+            },
+        };
+        if better {
+            *slot = Some((p, *v));
         }
-        let outcome = self.store.apply(&checks).await?;
-
-        let mut statuses: Vec<Status> = resolved
-            .iter()
-            .map(|r| match r.limits {
-                Limits::Unlimited => Status::unlimited(),
-                _ => Status::ok_without_limit(),
-            })
-            .collect();
-        // Per descriptor: the denying tier (the one that waits longest), else the tier with the
-        // least remaining.
-        let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
-        for p in &planned {
-            let v = &outcome.verdicts[p.check];
-            let slot = &mut chosen[p.descriptor];
-            let better = match slot {
-                None => true,
-                Some((_, cur)) => match (v.allowed, cur.allowed) {
-                    (false, true) => true,
-                    (false, false) => v.retry_after_us > cur.retry_after_us,
-                    (true, true) => v.remaining < cur.remaining,
-                    (true, false) => false,
-                },
+    }
+    let mut retry_after_us = None::<u64>;
+    let statuses = chosen
+        .into_iter()
+        .zip(resolved)
+        .zip(&request.descriptors)
+        .map(|((c, r), d)| {
+            let Some((p, v)) = c else {
+                return match r.limits {
+                    Limits::Unlimited => Status::unlimited(),
+                    _ => Status::ok_without_limit(),
+                };
             };
-            if better {
-                *slot = Some((p, *v));
-            }
-        }
-        let mut retry_after_us = None::<u64>;
-        for (i, c) in chosen.into_iter().enumerate() {
-            let Some((p, v)) = c else { continue };
             let denied = !v.allowed && p.kind == CheckKind::Enforce;
             if denied {
                 retry_after_us = Some(retry_after_us.unwrap_or(0).max(v.retry_after_us));
             }
-            let rule = resolved[i].rule;
-            let detailed = rule.is_some_and(|r| r.detailed_metric || r.value_to_metric);
-            let label = match rule {
-                Some(_) if detailed => {
-                    let parts: Vec<String> = request.descriptors[i]
-                        .entries
-                        .iter()
-                        .map(|(k, v)| format!("{k}_{v}"))
-                        .collect();
-                    Arc::from(parts.join("."))
-                }
-                Some(r) => r.label.clone(),
-                // A request override with no matching rule.
-                None => Arc::from("_override_"),
-            };
-            statuses[i] = Status {
+            let detailed = r
+                .rule
+                .is_some_and(|r| r.detailed_metric || r.value_to_metric);
+            Status {
                 code: if denied { Code::OverLimit } else { Code::Ok },
                 limit: Some(ReportedLimit::of(p.tier)),
                 remaining: v.remaining,
@@ -319,20 +340,33 @@ impl<S: Store> Engine<S> {
                     v.retry_after_us
                 }),
                 stats: Some(StatusStats {
-                    rule: label,
+                    rule: metric_label(r.rule, d, detailed),
                     detailed,
                     hits: p.hits,
                     shadow_denied: !v.allowed && p.kind == CheckKind::Shadow,
                 }),
-            };
-        }
-        let over = !outcome.allowed && !self.settings.global_shadow;
-        Ok(Decision {
-            code: if over { Code::OverLimit } else { Code::Ok },
-            statuses,
-            retry_after_us: if over { retry_after_us } else { None },
-            by_policy: outcome.by_policy,
+            }
         })
+        .collect();
+    let over = !outcome.allowed && !global_shadow;
+    Decision {
+        code: if over { Code::OverLimit } else { Code::Ok },
+        statuses,
+        retry_after_us: if over { retry_after_us } else { None },
+        by_policy: outcome.by_policy,
+    }
+}
+
+/// The `rule` label: the rule's path, or with detailed metrics the request's entries.
+fn metric_label(rule: Option<&Rule>, d: &Descriptor, detailed: bool) -> Arc<str> {
+    match rule {
+        Some(_) if detailed => {
+            let parts: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect();
+            Arc::from(parts.join("."))
+        }
+        Some(r) => r.label.clone(),
+        // A request override with no matching rule.
+        None => Arc::from("_override_"),
     }
 }
 
