@@ -3,12 +3,13 @@
 //! labels only for rules with `detailed_metric`/`value_to_metric`, and those series are capped
 //! (`--metrics-max-series`): past the cap they are counted under `rule="_other_"`.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::engine::{Code, Decision, Status};
@@ -51,7 +52,6 @@ pub struct Metrics {
     rule_within_limit: IntCounterVec,
     rule_shadow_mode: IntCounterVec,
     rule_failure_policy: IntCounterVec,
-    calls: IntCounterVec,
     call_seconds: Histogram,
     backend_seconds: Histogram,
     backend_errors: IntCounterVec,
@@ -63,6 +63,22 @@ pub struct Metrics {
     near_limit_ratio: f64,
     max_series: usize,
     detailed_series: Mutex<HashSet<(String, String)>>,
+    /// domain → rule → its counters.
+    rule_cache: RwLock<RuleCache>,
+    /// `calls` by result, in `CallResult` order.
+    call_counters: [IntCounter; 4],
+}
+
+type RuleCache = HashMap<String, HashMap<Arc<str>, Arc<RuleCounters>>>;
+
+/// One rule's counters, resolved from the vectors once.
+struct RuleCounters {
+    hits: IntCounter,
+    over_limit: IntCounter,
+    near_limit: IntCounter,
+    within_limit: IntCounter,
+    shadow_mode: IntCounter,
+    failure_policy: IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -174,9 +190,13 @@ impl Metrics {
             registry.register(c).expect("registered once");
         }
         // Series that exist from the start, so dashboards and alerts see zeros, not gaps.
-        for result in ["ok", "over_limit", "invalid", "error"] {
-            calls.with_label_values(&[result]);
-        }
+        let call_counters = [
+            CallResult::Ok,
+            CallResult::OverLimit,
+            CallResult::Invalid,
+            CallResult::Error,
+        ]
+        .map(|r| calls.with_label_values(&[r.label()]));
         for result in ["success", "failure"] {
             reloads.with_label_values(&[result]);
         }
@@ -191,7 +211,6 @@ impl Metrics {
             rule_within_limit,
             rule_shadow_mode,
             rule_failure_policy,
-            calls,
             call_seconds,
             backend_seconds,
             backend_errors,
@@ -203,6 +222,8 @@ impl Metrics {
             near_limit_ratio,
             max_series,
             detailed_series: Mutex::new(HashSet::new()),
+            rule_cache: RwLock::new(HashMap::new()),
+            call_counters,
         }
     }
 
@@ -214,7 +235,7 @@ impl Metrics {
         took: Duration,
         decision: Option<&Decision>,
     ) {
-        self.calls.with_label_values(&[result.label()]).inc();
+        self.call_counters[result as usize].inc();
         self.call_seconds.observe(took.as_secs_f64());
         let Some(decision) = decision else { return };
         for status in &decision.statuses {
@@ -231,20 +252,16 @@ impl Metrics {
         } else {
             &stats.rule
         };
-        let labels = [domain, rule];
+        let counters = self.rule_counters(domain, rule);
         let hits = stats.hits;
-        self.rule_hits.with_label_values(&labels).inc_by(hits);
+        counters.hits.inc_by(hits);
         if by_policy {
-            self.rule_failure_policy
-                .with_label_values(&labels)
-                .inc_by(hits);
+            counters.failure_policy.inc_by(hits);
         }
         if stats.shadow_denied {
-            self.rule_shadow_mode
-                .with_label_values(&labels)
-                .inc_by(hits);
+            counters.shadow_mode.inc_by(hits);
         } else if status.code == Code::OverLimit {
-            self.rule_over_limit.with_label_values(&labels).inc_by(hits);
+            counters.over_limit.inc_by(hits);
         } else {
             // The hits that landed at or above the near-limit threshold.
             let limit = u64::from(limit.requests_per_unit);
@@ -252,14 +269,39 @@ impl Metrics {
             let used_after = limit.saturating_sub(status.remaining);
             let near = used_after.saturating_sub(threshold).min(hits);
             if near > 0 {
-                self.rule_near_limit.with_label_values(&labels).inc_by(near);
+                counters.near_limit.inc_by(near);
             }
             if hits > near {
-                self.rule_within_limit
-                    .with_label_values(&labels)
-                    .inc_by(hits - near);
+                counters.within_limit.inc_by(hits - near);
             }
         }
+    }
+
+    /// A rule's counters, looked up once per status (the label lookups of the counter vectors
+    /// cost several times more, per counter).
+    fn rule_counters(&self, domain: &str, rule: &str) -> Arc<RuleCounters> {
+        {
+            let cache = self.rule_cache.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cache.get(domain).and_then(|rules| rules.get(rule)) {
+                return c.clone();
+            }
+        }
+        let labels = [domain, rule];
+        let counters = Arc::new(RuleCounters {
+            hits: self.rule_hits.with_label_values(&labels),
+            over_limit: self.rule_over_limit.with_label_values(&labels),
+            near_limit: self.rule_near_limit.with_label_values(&labels),
+            within_limit: self.rule_within_limit.with_label_values(&labels),
+            shadow_mode: self.rule_shadow_mode.with_label_values(&labels),
+            failure_policy: self.rule_failure_policy.with_label_values(&labels),
+        });
+        let mut cache = self.rule_cache.write().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(domain.to_owned())
+            .or_default()
+            .entry(Arc::from(rule))
+            .or_insert(counters)
+            .clone()
     }
 
     /// Whether a detailed (value-carrying) series may be created or already exists.
