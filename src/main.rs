@@ -17,6 +17,7 @@ use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
 use sluice::service::HeaderSet;
 use sluice::store::breaker::Breaker;
+use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology, redact};
 use sluice::store::{FailureMode, MemoryStore, Resilient, Store};
 
@@ -127,6 +128,10 @@ struct ServeArgs {
     /// UNAVAILABLE, so Envoy's failure_mode_deny decides). A rule's `failure_mode` overrides it.
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "local")]
     failure_mode: FailureMode,
+    /// Counters Redis denied are denied on this node until they can fit again, without a Redis
+    /// call; this many at most (0: off).
+    #[arg(long, env = "SLUICE_OVER_LIMIT_CACHE", default_value_t = 100_000)]
+    over_limit_cache: usize,
     /// Headers sluice adds: a comma list of retry-after, draft03, ietf, or none.
     #[arg(
         long,
@@ -346,8 +351,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     key_prefix: args.redis_key_prefix.clone(),
                 })?;
                 let breaker = Breaker::new(5, Duration::from_millis(500), Arc::new(SystemClock));
-                let store =
+                let mut store =
                     Resilient::new(redis, memory, breaker, args.failure_mode).with_metrics(metrics);
+                if args.over_limit_cache > 0 {
+                    store = store.with_over_limit_cache(OverLimitCache::new(
+                        args.over_limit_cache,
+                        Arc::new(SystemClock),
+                    ));
+                }
                 run(options, live, Engine::new(rules, store, settings)).await
             }
         }

@@ -723,3 +723,72 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
     assert_eq!(common::http_get(http, "/readyz").await.0, 200);
     running.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_counters_are_answered_locally_until_they_fit() {
+    use sluice::store::over_limit::OverLimitCache;
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = Resilient::new(
+        redis_store(Topology::Standalone(redis.url()), Duration::from_secs(5))
+            .with_pinned_clock(clock.clone()),
+        MemoryStore::new(clock.clone(), 100),
+        Breaker::new(5, Duration::from_secs(1), clock.clone()),
+        FailureMode::Error,
+    )
+    .with_over_limit_cache(OverLimitCache::new(100, clock.clone()));
+    let rules = "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+    let engine = Engine::new(
+        load_texts([("o.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    let hot = |hits| Request {
+        domain: "o".into(),
+        descriptors: vec![descriptor(&[("k", "hot")], hits, false)],
+    };
+    let evalsha = || commandstat(&redis.cli(&["INFO", "commandstats"]), "evalsha");
+    assert_eq!(engine.decide(&hot(2)).await.unwrap().code, Code::Ok);
+    let first = engine.decide(&hot(1)).await.unwrap();
+    assert_eq!(first.code, Code::OverLimit);
+    let calls = evalsha();
+    // Denied here, with the same answer, and no Redis call.
+    clock.advance(10 * S);
+    for _ in 0..50 {
+        let d = engine.decide(&hot(1)).await.unwrap();
+        assert_eq!(d.code, Code::OverLimit);
+        assert_eq!(d.statuses[0].remaining, 0);
+        assert_eq!(
+            d.retry_after_us,
+            Some(first.retry_after_us.unwrap() - 10 * S)
+        );
+    }
+    assert_eq!(evalsha(), calls, "no Redis call for a cached denial");
+    // A probe still asks Redis (it asks for nothing, so no denial applies to it).
+    assert_eq!(engine.decide(&hot(0)).await.unwrap().code, Code::Ok);
+    assert_eq!(evalsha(), calls + 1);
+    // With another descriptor: one call that only looks at it; nothing is consumed.
+    let both = Request {
+        domain: "o".into(),
+        descriptors: vec![
+            descriptor(&[("k", "hot")], 1, false),
+            descriptor(&[("other", "x")], 3, false),
+        ],
+    };
+    let d = engine.decide(&both).await.unwrap();
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(
+        (d.statuses[1].code, d.statuses[1].remaining),
+        (Code::Ok, 10)
+    );
+    assert_eq!(evalsha(), calls + 2);
+    // When the window ends, the counter fits again: Redis decides.
+    clock.advance(first.retry_after_us.unwrap());
+    assert_eq!(engine.decide(&hot(1)).await.unwrap().code, Code::Ok);
+    assert_eq!(evalsha(), calls + 3);
+    assert_eq!(
+        engine.store().over_limit_cache().unwrap().len(),
+        0,
+        "an allowed counter is forgotten"
+    );
+}

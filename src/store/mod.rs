@@ -4,6 +4,7 @@
 pub mod breaker;
 pub mod key;
 mod memory;
+pub mod over_limit;
 pub mod redis;
 mod resilient;
 

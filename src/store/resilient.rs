@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::breaker::{Breaker, BreakerState};
+use super::over_limit::OverLimitCache;
 use super::{Check, CheckKind, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::Verdict;
 use crate::metrics::Metrics;
@@ -68,6 +69,7 @@ pub struct Resilient<P> {
     /// Decisions the failure policy took (for metrics and tests).
     policy_decisions: AtomicU64,
     metrics: Option<Arc<Metrics>>,
+    over_limit: Option<OverLimitCache>,
 }
 
 impl<P: Store> Resilient<P> {
@@ -84,7 +86,19 @@ impl<P: Store> Resilient<P> {
             default_mode,
             policy_decisions: AtomicU64::new(0),
             metrics: None,
+            over_limit: None,
         }
+    }
+
+    /// Counters the backend denied are denied here until they can fit again, with no backend
+    /// call (see `over_limit`).
+    pub fn with_over_limit_cache(mut self, cache: OverLimitCache) -> Self {
+        self.over_limit = Some(cache);
+        self
+    }
+
+    pub fn over_limit_cache(&self) -> Option<&OverLimitCache> {
+        self.over_limit.as_ref()
     }
 
     /// Backend call latency and errors go to `metrics`.
@@ -172,8 +186,9 @@ impl<P: Store> Resilient<P> {
     }
 }
 
-impl<P: Store> Store for Resilient<P> {
-    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+impl<P: Store> Resilient<P> {
+    /// The backend behind the circuit breaker, or the failure policy.
+    async fn call(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         if !self.breaker.allow() {
             if let Some(m) = &self.metrics {
                 m.observe_backend(std::time::Duration::ZERO, Some("circuit_open"));
@@ -204,10 +219,57 @@ impl<P: Store> Store for Resilient<P> {
             Err(e) => Err(e),
         }
     }
+}
+
+impl<P: Store> Store for Resilient<P> {
+    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        let Some(cache) = &self.over_limit else {
+            return self.call(checks).await;
+        };
+        let now = cache.now();
+        let cached: Vec<Option<Verdict>> = checks.iter().map(|c| cache.denial(c, now)).collect();
+        if cached.iter().all(Option::is_none) {
+            let outcome = self.call(checks).await?;
+            cache.learn(checks, &outcome, now);
+            return Ok(outcome);
+        }
+        // Denied here. The other checks are only looked at (hits 0), so their statuses are
+        // true and nothing is consumed; refunds still apply.
+        let rest: Vec<usize> = (0..checks.len()).filter(|&i| cached[i].is_none()).collect();
+        let looks: Vec<Check<'_>> = rest
+            .iter()
+            .map(|&i| match checks[i].kind {
+                CheckKind::Refund => checks[i],
+                _ => Check {
+                    hits: 0,
+                    ..checks[i]
+                },
+            })
+            .collect();
+        let mut verdicts: Vec<Verdict> =
+            cached.into_iter().map(Option::unwrap_or_default).collect();
+        let mut by_policy = false;
+        if !looks.is_empty() {
+            let outcome = self.call(&looks).await?;
+            cache.learn(&looks, &outcome, now);
+            by_policy = outcome.by_policy;
+            for (&i, v) in rest.iter().zip(outcome.verdicts) {
+                verdicts[i] = v;
+            }
+        }
+        Ok(Outcome {
+            allowed: false,
+            verdicts,
+            by_policy,
+        })
+    }
 
     fn housekeeping(&self) {
         self.local.housekeeping();
         self.primary.housekeeping();
+        if let Some(cache) = &self.over_limit {
+            cache.sweep();
+        }
     }
 
     fn backend_up(&self) -> bool {
