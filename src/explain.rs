@@ -4,16 +4,10 @@
 
 use std::fmt::Write;
 
+use crate::engine::{counter_prefix, hash_tag};
 use crate::rules::{KeyPart, PlanSource, RuleSet, Via};
 use crate::store::KeyBuf;
 use crate::store::redis::redis_key;
-
-fn part_owned(part: KeyPart<'_>) -> (bool, String) {
-    match part {
-        KeyPart::Pattern(p) => (true, p.to_owned()),
-        KeyPart::Value(v) => (false, v.to_owned()),
-    }
-}
 
 /// One descriptor's entries, as given on the command line: `k=v,k2=v2`.
 pub fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -43,40 +37,17 @@ pub fn explain(
         .iter()
         .map(|entries| {
             let mut key = KeyBuf::default();
-            key.domain(domain);
             let mut steps = Vec::new();
-            let mut parts = Vec::new();
-            let rule = d.find(
-                entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                |k, part, via| {
-                    parts.push((k, part_owned(part)));
-                    steps.push(match via {
-                        Via::Exact => format!("{k}: exact value"),
-                        Via::Wildcard(p) => match part {
-                            KeyPart::Pattern(_) => {
-                                format!("{k}: wildcard '{p}' (one shared counter)")
-                            }
-                            KeyPart::Value(_) => format!("{k}: wildcard '{p}'"),
-                        },
-                        Via::KeyOnly => format!("{k}: any value"),
-                    });
-                },
-            );
-            // As the engine: a plan named in an entry is not part of the counter.
-            let plan_key = match rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source) {
-                Some(PlanSource::Entry(k)) => Some(k.as_str()),
-                _ => None,
-            };
-            for (k, (pattern, text)) in &parts {
-                if Some(*k) != plan_key {
-                    let part = if *pattern {
-                        KeyPart::Pattern(text)
-                    } else {
-                        KeyPart::Value(text)
-                    };
-                    key.entry(k, part);
-                }
-            }
+            let rule = counter_prefix(d, domain, entries, &mut key, |k, part, via| {
+                steps.push(match via {
+                    Via::Exact => format!("{k}: exact value"),
+                    Via::Wildcard(p) => match part {
+                        KeyPart::Pattern(_) => format!("{k}: wildcard '{p}' (one shared counter)"),
+                        KeyPart::Value(_) => format!("{k}: wildcard '{p}'"),
+                    },
+                    Via::KeyOnly => format!("{k}: any value"),
+                });
+            });
             (rule, steps, key)
         })
         .collect();
@@ -155,18 +126,10 @@ pub fn explain(
             flags.push(format!("hash_tag: {tag}"));
         }
         let _ = writeln!(out, "  {}", flags.join(", "));
-        // The slot tag: the descriptor, or the rule's hash_tag entry.
+        // The slot tag: the descriptor, or the rule's hash_tag entry (as the engine picks it).
         let mut tag = KeyBuf::default();
-        match rule
-            .hash_tag
-            .as_deref()
-            .and_then(|t| entries.iter().find(|(k, _)| k == t))
-        {
-            Some((k, v)) => {
-                tag.domain(domain);
-                tag.entry(k, KeyPart::Value(v));
-            }
-            None => tag = key.clone(),
+        if hash_tag(Some(rule), domain, entries, &mut tag).is_none() {
+            tag = key.clone();
         }
         for t in tiers {
             let name = t

@@ -24,7 +24,7 @@ pub enum CallResult {
 }
 
 impl CallResult {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             CallResult::Ok => "ok",
             CallResult::OverLimit => "over_limit",
@@ -131,22 +131,18 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
-        let call_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_should_rate_limit_duration_seconds",
-                "Time to answer a ShouldRateLimit call.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
-        let backend_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_backend_call_duration_seconds",
-                "Time of one call to the rate limit backend (Redis).",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
+        let latency = |name: &str, help: &str| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
+                .expect("valid metric")
+        };
+        let call_seconds = latency(
+            "sluice_should_rate_limit_duration_seconds",
+            "Time to answer a ShouldRateLimit call.",
+        );
+        let backend_seconds = latency(
+            "sluice_backend_call_duration_seconds",
+            "Time of one call to the rate limit backend (Redis).",
+        );
         let backend_errors = IntCounterVec::new(
             Opts::new(
                 "sluice_backend_errors_total",

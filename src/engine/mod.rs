@@ -138,8 +138,7 @@ fn resolve<'r>(
 ) -> Result<Resolved<'r>, EngineError> {
     let entries = || d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
     let start = keys.len();
-    keys.domain(domain_name);
-    let rule = domain.find(entries(), |key, part, _| keys.entry(key, part));
+    let rule = counter_prefix(domain, domain_name, &d.entries, keys, |_, _, _| {});
     let limits = match (&d.limit_override, rule) {
         (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
         (None, Some(r)) if r.unlimited => Limits::Unlimited,
@@ -154,18 +153,6 @@ fn resolve<'r>(
         },
         (None, None) => Limits::None,
     };
-    if let Some(PlanSource::Entry(plan_key)) = rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
-    {
-        // The plan's name is not part of the counter: a caller moved to another plan keeps
-        // what it used where the tiers match.
-        keys.truncate(start);
-        keys.domain(domain_name);
-        domain.find(entries(), |key, part, _| {
-            if key != plan_key {
-                keys.entry(key, part)
-            }
-        });
-    }
     if rule.is_none() && d.limit_override.is_some() {
         // An override with no matching rule still needs the entries in its key.
         keys.truncate(start);
@@ -175,24 +162,59 @@ fn resolve<'r>(
         }
     }
     let prefix = start..keys.len();
-    let tagged = rule
-        .and_then(|r| r.hash_tag.as_deref())
-        .and_then(|tag_key| d.entries.iter().find(|(k, _)| k == tag_key));
-    let tag = match tagged {
-        Some((k, v)) => {
-            let tag_start = keys.len();
-            keys.domain(domain_name);
-            keys.entry(k, KeyPart::Value(v));
-            tag_start..keys.len()
-        }
-        None => prefix.clone(),
-    };
+    let tag = hash_tag(rule, domain_name, &d.entries, keys).unwrap_or_else(|| prefix.clone());
     Ok(Resolved {
         rule,
         limits,
         prefix,
         tag,
     })
+}
+
+/// Matches `entries` and writes their counter prefix (domain and matched entries) to `keys`.
+/// An entry that names the caller's plan is left out: a caller moved to another plan keeps what
+/// it used where the tiers match. `on_level` sees every matched level.
+pub(crate) fn counter_prefix<'r>(
+    domain: &'r Domain,
+    domain_name: &str,
+    entries: &[(String, String)],
+    keys: &mut KeyBuf,
+    mut on_level: impl FnMut(&str, KeyPart<'_>, crate::rules::Via<'_>),
+) -> Option<&'r Rule> {
+    let pairs = || entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let start = keys.len();
+    keys.domain(domain_name);
+    let rule = domain.find(pairs(), |key, part, via| {
+        keys.entry(key, part);
+        on_level(key, part, via);
+    });
+    if let Some(PlanSource::Entry(plan_key)) = rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
+    {
+        keys.truncate(start);
+        keys.domain(domain_name);
+        domain.find(pairs(), |key, part, _| {
+            if key != plan_key {
+                keys.entry(key, part)
+            }
+        });
+    }
+    rule
+}
+
+/// Writes the bytes of a rule's `hash_tag` entry (what picks the Redis Cluster slot) to `keys`;
+/// None when the rule has none or the descriptor lacks that entry (the prefix is the tag then).
+pub(crate) fn hash_tag(
+    rule: Option<&Rule>,
+    domain_name: &str,
+    entries: &[(String, String)],
+    keys: &mut KeyBuf,
+) -> Option<Range<usize>> {
+    let tag_key = rule?.hash_tag.as_deref()?;
+    let (k, v) = entries.iter().find(|(k, _)| k == tag_key)?;
+    let start = keys.len();
+    keys.domain(domain_name);
+    keys.entry(k, KeyPart::Value(v));
+    Some(start..keys.len())
 }
 
 /// One check per limit that applies, after `replaces`; each check's key written into `keys`.

@@ -51,20 +51,25 @@ impl<S: Store> RateLimitGrpc<S> {
             descriptors = request.descriptors.len(),
             decision = tracing::field::Empty,
         );
-        let domain = request.domain.clone();
-        let result = async {
-            let request = to_domain(request)?;
-            self.engine.decide(&request).await.map_err(to_status)
-        }
-        .instrument(span.clone())
-        .await;
+        let (domain, result) = match to_domain(request) {
+            Ok(request) => {
+                let result = self
+                    .engine
+                    .decide(&request)
+                    .instrument(span.clone())
+                    .await
+                    .map_err(to_status);
+                (request.domain, result)
+            }
+            Err(invalid) => (String::new(), Err(invalid)),
+        };
         let call = match &result {
             Ok(d) if d.code == Code::OverLimit => CallResult::OverLimit,
             Ok(_) => CallResult::Ok,
             Err(s) if s.code() == tonic::Code::InvalidArgument => CallResult::Invalid,
             Err(_) => CallResult::Error,
         };
-        span.record("decision", format!("{call:?}"));
+        span.record("decision", call.label());
         if let Some(m) = &self.metrics {
             m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
         }
