@@ -361,14 +361,16 @@ pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8]) -> (Vec<u8>, u16) {
     // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the encoded
     // key after it keeps them distinct), and every byte counts per key in Redis.
     let h = fnv1a(tag);
-    let tag = format!("{:08x}", (h ^ (h >> 32)) as u32);
+    let h = (h ^ (h >> 32)) as u32;
+    let tag: [u8; 8] =
+        std::array::from_fn(|i| b"0123456789abcdef"[(h >> (28 - 4 * i)) as usize & 0xf]);
     let mut out = Vec::with_capacity(prefix.len() + 10 + key.len());
     out.extend_from_slice(prefix);
     out.push(b'{');
-    out.extend_from_slice(tag.as_bytes());
+    out.extend_from_slice(&tag);
     out.push(b'}');
     out.extend_from_slice(key);
-    (out, crc16(tag.as_bytes()) % 16_384)
+    (out, crc16(&tag) % 16_384)
 }
 
 /// FNV-1a, 64 bits: a fixed hash (every node must compute the same tag).
