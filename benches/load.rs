@@ -337,6 +337,8 @@ async fn memory(keys: u64) {
                                 hits: 1,
                                 kind: CheckKind::Enforce,
                                 on_failure: None,
+                                mode: None,
+                                until_us: 0,
                             })
                             .collect();
                         store.apply(&checks).await.unwrap();

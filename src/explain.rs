@@ -122,6 +122,9 @@ pub fn explain(
         if let Some(mode) = rule.failure_mode {
             flags.push(format!("failure_mode: {mode}"));
         }
+        if let Some(mode) = rule.mode {
+            flags.push(format!("mode: {mode}"));
+        }
         if let Some(tag) = &rule.hash_tag {
             flags.push(format!("hash_tag: {tag}"));
         }

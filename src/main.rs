@@ -17,9 +17,10 @@ use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
 use sluice::service::HeaderSet;
 use sluice::store::breaker::Breaker;
+use sluice::store::lease::LeaseTable;
 use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology, redact};
-use sluice::store::{FailureMode, MemoryStore, Resilient, Store};
+use sluice::store::{FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store};
 
 #[derive(Parser)]
 #[command(
@@ -132,6 +133,16 @@ struct ServeArgs {
     /// call; this many at most (0: off).
     #[arg(long, env = "SLUICE_OVER_LIMIT_CACHE", default_value_t = 100_000)]
     over_limit_cache: usize,
+    /// The mode of rules that set none: strict (one Redis call per request) or hybrid (nodes
+    /// decide from leases of the shared quota; fixed_window and sliding_window rules only).
+    #[arg(long, env = "SLUICE_MODE", default_value = "strict")]
+    mode: Mode,
+    /// Hybrid: a lease is used at most this long before its leftover goes back to Redis.
+    #[arg(long, env = "SLUICE_LEASE_TTL", default_value = "500ms", value_parser = parse_duration)]
+    lease_ttl: Duration,
+    /// Hybrid: a lease covers about this much of the node's recent traffic for its counter.
+    #[arg(long, env = "SLUICE_LEASE_TARGET", default_value = "100ms", value_parser = parse_duration)]
+    lease_target: Duration,
     /// Headers sluice adds: a comma list of retry-after, draft03, ietf, or none.
     #[arg(
         long,
@@ -342,6 +353,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     url = %redact(&args.redis_url),
                     timeout = ?args.redis_timeout,
                     failure_mode = %args.failure_mode,
+                    mode = %args.mode,
                     "using Redis"
                 );
                 let redis = RedisStore::new(&RedisOptions {
@@ -359,6 +371,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         Arc::new(SystemClock),
                     ));
                 }
+                // Leases are kept for rules that ask for them even when the default is strict.
+                store = store.with_leases(LeaseTable::new(
+                    LeaseOptions {
+                        default_mode: args.mode,
+                        ttl: args.lease_ttl,
+                        target: args.lease_target,
+                        ..LeaseOptions::default()
+                    },
+                    Arc::new(SystemClock),
+                ));
                 run(options, live, Engine::new(rules, store, settings)).await
             }
         }

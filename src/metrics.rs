@@ -40,6 +40,8 @@ pub struct Gauges {
     pub keys_in_memory: Option<usize>,
     /// 0 closed, 1 open, 2 half-open; None without a remote backend.
     pub breaker_state: Option<i64>,
+    /// Hits this node holds in quota leases (hybrid mode); None without a remote backend.
+    pub lease_hits_held: Option<u64>,
     pub rules_loaded: usize,
     pub last_reload_unix: Option<u64>,
 }
@@ -60,6 +62,7 @@ pub struct Metrics {
     last_reload: IntGauge,
     rules_loaded: IntGauge,
     keys: IntGauge,
+    lease_hits: IntGauge,
     near_limit_ratio: f64,
     max_series: usize,
     detailed_series: Mutex<HashSet<(String, String)>>,
@@ -171,6 +174,10 @@ impl Metrics {
             "sluice_memory_keys",
             "Counters held in this process's memory.",
         );
+        let lease_hits = gauge(
+            "sluice_lease_hits_held",
+            "Hits this node holds in quota leases (mode: hybrid): taken from Redis, not yet admitted.",
+        );
         let reloads = IntCounterVec::new(
             Opts::new("sluice_rules_reloads_total", "Rules reloads by result."),
             &["result"],
@@ -215,6 +222,7 @@ impl Metrics {
             last_reload,
             rules_loaded,
             keys,
+            lease_hits,
             near_limit_ratio,
             max_series,
             detailed_series: Mutex::new(HashSet::new()),
@@ -338,6 +346,9 @@ impl Metrics {
         }
         if let Some(b) = gauges.breaker_state {
             self.breaker_state.set(b);
+        }
+        if let Some(h) = gauges.lease_hits_held {
+            self.lease_hits.set(i64::try_from(h).unwrap_or(i64::MAX));
         }
         self.rules_loaded.set(gauges.rules_loaded as i64);
         if let Some(t) = gauges.last_reload_unix {

@@ -132,12 +132,28 @@ pub async fn start<S: Store>(
         }
     };
 
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(async move { grpc.await.context("gRPC server") }),
         tokio::spawn(async move { http.await.context("HTTP server") }),
         tokio::spawn(housekeeping),
         tokio::spawn(health_watch),
     ];
+    // Leases that ran out go back to the shared store soon, not when their window ends.
+    if let Some(every) = engine.store().lease_sweep_every() {
+        let engine = engine.clone();
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+                }
+                engine.store().return_leases(false).await;
+            }
+        }));
+    }
     tracing::info!(%grpc_addr, %http_addr, "serving");
     Ok(Running {
         grpc_addr,
@@ -163,6 +179,8 @@ impl<S: Store> Running<S> {
         for task in self.tasks {
             task.await.context("server task panicked")??;
         }
+        // No call is in flight now: what this node still holds goes back to the fleet.
+        self.engine.store().return_leases(true).await;
         tracing::info!("stopped");
         Ok(())
     }

@@ -134,6 +134,7 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
     let gauges = Gauges {
         keys_in_memory: store.keys_in_memory(),
         breaker_state: store.breaker_state(),
+        lease_hits_held: store.lease_hits_held(),
         rules_loaded: engine.rules().rule_count(),
         last_reload_unix: state
             .reloader

@@ -69,6 +69,7 @@ struct Planned<'r> {
     /// Index of the check that carries it (repeats of one counter share a check).
     check: usize,
     on_failure: Option<crate::store::FailureMode>,
+    mode: Option<crate::store::Mode>,
     kind: CheckKind,
     hits: u64,
 }
@@ -261,6 +262,7 @@ fn plan<'r>(
                 tag: r.tag.clone(),
                 check: 0,
                 on_failure: r.rule.and_then(|r| r.failure_mode),
+                mode: r.rule.and_then(|r| r.mode),
                 kind,
                 hits: d.hits,
             });
@@ -300,6 +302,8 @@ fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Ch
                     hits: p.hits,
                     kind: p.kind,
                     on_failure: p.on_failure,
+                    mode: p.mode,
+                    until_us: 0,
                 });
             }
         }

@@ -384,6 +384,7 @@ impl Compiler<'_> {
         } else if limits.is_empty() {
             for (set, field) in [
                 (raw.failure_mode.is_some(), "failure_mode"),
+                (raw.mode.is_some(), "mode"),
                 (raw.hash_tag.is_some(), "hash_tag"),
             ] {
                 if set {
@@ -456,6 +457,26 @@ impl Compiler<'_> {
             Some(Ok(mode)) => Some(mode),
             None => None,
         };
+        let mode = match raw.mode.as_deref().map(str::parse) {
+            Some(Err(e)) => {
+                self.error(&format!("{here}.mode"), e);
+                None
+            }
+            Some(Ok(mode)) => Some(mode),
+            None => None,
+        };
+        let unsound = tiers
+            .iter()
+            .find(|t| !crate::store::lease::leasable(t.limit.algorithm));
+        if let (Some(crate::store::Mode::Hybrid), Some(tier)) = (mode, unsound) {
+            self.error(
+                &format!("{here}.mode"),
+                format!(
+                    "mode: hybrid applies only to fixed_window and sliding_window limits, not to {} (a lease held unused would let it admit more than its limit)",
+                    tier.limit.algorithm
+                ),
+            );
+        }
         if raw.hash_tag.as_deref() == Some("") {
             self.error(
                 &format!("{here}.hash_tag"),
@@ -466,6 +487,7 @@ impl Compiler<'_> {
             path: path.to_owned(),
             label: path.into(),
             failure_mode,
+            mode,
             hash_tag: raw.hash_tag.clone().filter(|t| !t.is_empty()),
             plan: None,
             tiers: if unlimited { Vec::new() } else { tiers },

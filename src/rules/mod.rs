@@ -161,6 +161,8 @@ pub struct Rule {
     pub quota_mode: bool,
     /// What to answer when the shared backend cannot (None: the server's default).
     pub failure_mode: Option<crate::store::FailureMode>,
+    /// `strict` or `hybrid` (None: the server's default).
+    pub mode: Option<crate::store::Mode>,
     /// The entry key whose value picks the Redis Cluster slot (None: the whole descriptor).
     pub hash_tag: Option<String>,
     /// The limits come from the caller's plan (then `tiers` is empty).

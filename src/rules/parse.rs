@@ -75,6 +75,9 @@ pub struct RawDescriptor {
     /// Extension: what to answer when the shared backend (Redis) cannot: allow, deny, local or
     /// error.
     pub failure_mode: Option<String>,
+    /// Extension: `strict` (one backend call per request) or `hybrid` (nodes decide from
+    /// leases of the shared quota; fixed_window and sliding_window only).
+    pub mode: Option<String>,
     /// Extension: put this descriptor's counters in the Redis Cluster slot of the entry with
     /// this key (e.g. `tenant`), so descriptors sharing that entry are decided in one script.
     pub hash_tag: Option<String>,

@@ -333,3 +333,43 @@ fn plan_validation() {
     .unwrap();
     assert_eq!(set.domain("d").unwrap().client_count(), 2);
 }
+
+#[test]
+fn mode_is_strict_or_hybrid_and_hybrid_only_where_leases_are_sound() {
+    let rs = set(r#"
+domain: d
+descriptors:
+  - key: a
+    mode: hybrid
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+  - key: b
+    mode: strict
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 10}
+"#);
+    let d = rs.domain("d").unwrap();
+    let mode = |k: &str| d.find([(k, "x")], |_, _, _| {}).unwrap().mode;
+    assert_eq!(mode("a"), Some(crate::store::Mode::Hybrid));
+    assert_eq!(mode("b"), Some(crate::store::Mode::Strict));
+    assert_eq!(mode("c"), None, "the server's --mode decides");
+    let e = errors(
+        "domain: d\ndescriptors:\n  - key: a\n    mode: hybrid\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n  - key: b\n    mode: eventual\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    mode: hybrid\n",
+    );
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].contains("descriptors[0].mode")
+            && e[0].contains("only to fixed_window and sliding_window limits, not to token_bucket"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].contains("descriptors[1].mode") && e[1].contains("expected strict or hybrid"),
+        "{e:?}"
+    );
+    assert!(
+        e[2].contains("mode applies only to a descriptor with rate_limit"),
+        "{e:?}"
+    );
+}

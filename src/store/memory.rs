@@ -173,7 +173,13 @@ impl MemoryStore {
             if c.kind == CheckKind::Refund {
                 let shard = &mut guards[guard_of(slot.shard)];
                 let current = find(shard, c.key, slot.hash).map_or(&EMPTY, |e| &e.state);
-                let (refunded, next) = limiter::refund(c.limit, current, now, c.hits);
+                // A lease's leftover may only go back to the window it came from.
+                let hits = if c.until_us != 0 && now >= c.until_us {
+                    0
+                } else {
+                    c.hits
+                };
+                let (refunded, next) = limiter::refund(c.limit, current, now, hits);
                 *verdict = refunded;
                 self.commit(shard, c, slot.hash, Update::Set(next));
             }
@@ -182,6 +188,7 @@ impl MemoryStore {
             allowed,
             verdicts,
             by_policy: false,
+            backend_now_us: Vec::new(),
         })
     }
 

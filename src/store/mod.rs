@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod key;
+pub mod lease;
 mod memory;
 pub mod over_limit;
 pub mod redis;
@@ -11,6 +12,7 @@ mod resilient;
 use std::future::Future;
 
 pub use key::KeyBuf;
+pub use lease::{LeaseOptions, Mode};
 pub use memory::MemoryStore;
 pub use resilient::{FailureMode, Resilient};
 
@@ -40,6 +42,12 @@ pub struct Check<'a> {
     pub kind: CheckKind,
     /// The rule's failure mode, when it sets one (else the store's default).
     pub on_failure: Option<FailureMode>,
+    /// The rule's mode, when it sets one (else the store's default): `hybrid` lets a node
+    /// decide from a lease of the shared quota (see `lease`).
+    pub mode: Option<Mode>,
+    /// Refunds only: applied only while the store's clock is before this (0: always). A lease's
+    /// unused hits may be given back only to the window they were taken from.
+    pub until_us: u64,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -59,6 +67,9 @@ pub struct Outcome {
     pub verdicts: Vec<Verdict>,
     /// Decided by the failure policy, not the backend.
     pub by_policy: bool,
+    /// The backend's clock when it decided each check (Redis `TIME`; empty for the memory
+    /// store): where a lease's window ends is computed from it.
+    pub backend_now_us: Vec<u64>,
 }
 
 pub trait Store: Send + Sync + 'static {
@@ -71,6 +82,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Periodic upkeep (the memory store forgets expired keys). Called every few seconds.
     fn housekeeping(&self) {}
+
+    /// Gives quota held on this node back to the shared store: the leases that ran out, or
+    /// all of them when the node stops.
+    fn return_leases(&self, _all: bool) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// How often `return_leases` should run (None: this store holds no leases).
+    fn lease_sweep_every(&self) -> Option<std::time::Duration> {
+        None
+    }
 
     /// Whether the backend answers now (false while a remote store's circuit is open).
     fn backend_up(&self) -> bool {
@@ -85,6 +107,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Counters held in this process's memory, for metrics.
     fn keys_in_memory(&self) -> Option<usize> {
+        None
+    }
+
+    /// Hits held in quota leases, for metrics.
+    fn lease_hits_held(&self) -> Option<u64> {
         None
     }
 

@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use super::{Check, CheckKind, Outcome};
 use crate::clock::Clock;
-use crate::limiter::Verdict;
+use crate::limiter::{Limit, Verdict};
 
 #[derive(Debug, Clone, Copy)]
 struct Denial {
+    /// The limit it was denied under: after a reload changes it, the backend decides again.
+    limit: Limit,
     /// The hits of the denied request: requests asking at least this many are denied too.
     hits: u64,
     remaining: u64,
@@ -56,7 +58,11 @@ impl OverLimitCache {
             return None;
         }
         let d = *self.lock().get(check.key)?;
-        (now < d.until_us && check.hits >= d.hits && check.hits > d.remaining).then(|| Verdict {
+        let applies = d.limit == *check.limit
+            && now < d.until_us
+            && check.hits >= d.hits
+            && check.hits > d.remaining;
+        applies.then(|| Verdict {
             allowed: false,
             remaining: d.remaining,
             reset_after_us: d.reset_until_us.saturating_sub(now),
@@ -89,6 +95,7 @@ impl OverLimitCache {
             entries.insert(
                 c.key.into(),
                 Denial {
+                    limit: *c.limit,
                     hits: c.hits,
                     remaining: v.remaining,
                     until_us: now + v.retry_after_us,

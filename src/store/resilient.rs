@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::breaker::{Breaker, BreakerState};
+use super::lease::LeaseTable;
 use super::over_limit::OverLimitCache;
 use super::{Check, CheckKind, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::Verdict;
@@ -70,6 +71,7 @@ pub struct Resilient<P> {
     policy_decisions: AtomicU64,
     metrics: Option<Arc<Metrics>>,
     over_limit: Option<OverLimitCache>,
+    leases: Option<LeaseTable>,
 }
 
 impl<P: Store> Resilient<P> {
@@ -87,7 +89,18 @@ impl<P: Store> Resilient<P> {
             policy_decisions: AtomicU64::new(0),
             metrics: None,
             over_limit: None,
+            leases: None,
         }
+    }
+
+    /// Hybrid checks are decided from quota leases (see `lease`).
+    pub fn with_leases(mut self, leases: LeaseTable) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    pub fn leases(&self) -> Option<&LeaseTable> {
+        self.leases.as_ref()
     }
 
     /// Counters the backend denied are denied here until they can fit again, with no backend
@@ -154,6 +167,7 @@ impl<P: Store> Resilient<P> {
                 allowed: true,
                 verdicts: Vec::new(),
                 by_policy: true,
+                backend_now_us: Vec::new(),
             }
         } else {
             self.local.apply_now(&local_checks)?
@@ -182,28 +196,28 @@ impl<P: Store> Resilient<P> {
             allowed: !denied_by_policy && local_outcome.allowed,
             verdicts,
             by_policy: true,
+            backend_now_us: Vec::new(),
         })
     }
 }
 
 impl<P: Store> Resilient<P> {
-    /// The backend behind the circuit breaker, or the failure policy.
-    async fn call(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+    /// The backend behind the circuit breaker; an error when it cannot answer.
+    async fn backend(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         if !self.breaker.allow() {
             if let Some(m) = &self.metrics {
                 m.observe_backend(std::time::Duration::ZERO, Some("circuit_open"));
             }
-            return self.fallback(
-                checks,
-                StoreError::Unavailable("circuit open after repeated backend failures".into()),
-            );
+            return Err(StoreError::Unavailable(
+                "circuit open after repeated backend failures".into(),
+            ));
         }
         let started = std::time::Instant::now();
-        match self.primary.apply(checks).await {
-            Ok(outcome) => {
+        let result = self.primary.apply(checks).await;
+        match &result {
+            Ok(_) => {
                 self.observe(started.elapsed(), None);
                 self.breaker.success();
-                Ok(outcome)
             }
             Err(e @ StoreError::Unavailable(_)) => {
                 let kind = if e.to_string().contains("did not answer within") {
@@ -214,24 +228,137 @@ impl<P: Store> Resilient<P> {
                 self.observe(started.elapsed(), Some(kind));
                 self.breaker.failure();
                 tracing::debug!(error = %e, "backend call failed; applying the failure policy");
-                self.fallback(checks, e)
             }
-            Err(e) => Err(e),
+            Err(_) => {}
         }
+        result
+    }
+
+    /// The backend, or the failure policy when it cannot answer.
+    async fn call(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        match self.backend(checks).await {
+            Err(e @ StoreError::Unavailable(_)) => self.fallback(checks, e),
+            other => other,
+        }
+    }
+
+    /// A batch with hybrid checks: from the leases when they hold enough, else one backend call
+    /// that also takes new leases (and gives the old leftovers back).
+    async fn apply_hybrid(
+        &self,
+        checks: &[Check<'_>],
+        leases: &LeaseTable,
+    ) -> Result<Outcome, StoreError> {
+        let now = leases.now();
+        if let Some(verdicts) = leases.decide_locally(checks, now) {
+            return Ok(Outcome {
+                allowed: true,
+                verdicts,
+                by_policy: false,
+                backend_now_us: Vec::new(),
+            });
+        }
+        let asks = leases.plan(checks, now);
+        let mut sent: Vec<Check<'_>> = checks
+            .iter()
+            .zip(&asks)
+            .map(|(c, a)| Check {
+                hits: c.hits.saturating_add(a.extra),
+                ..*c
+            })
+            .collect();
+        let give_backs: Vec<(usize, u64, crate::limiter::Limit, u64)> = asks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                a.give_back
+                    .map(|(hits, limit, until)| (i, hits, limit, until))
+            })
+            .collect();
+        sent.extend(give_backs.iter().map(|(i, hits, limit, until)| Check {
+            hits: *hits,
+            limit,
+            kind: CheckKind::Refund,
+            until_us: *until,
+            ..checks[*i]
+        }));
+        let outcome = match self.backend(&sent).await {
+            Ok(o) => o,
+            Err(e @ StoreError::Unavailable(_)) => return self.fallback(checks, e),
+            Err(e) => return Err(e),
+        };
+        let asked = asks.iter().any(|a| a.extra > 0);
+        if outcome.allowed || !asked {
+            let verdicts = leases.learn(checks, &asks, &outcome, now);
+            let mut backend_now_us = outcome.backend_now_us;
+            backend_now_us.truncate(checks.len());
+            let outcome = Outcome {
+                allowed: outcome.allowed,
+                verdicts,
+                by_policy: outcome.by_policy,
+                backend_now_us,
+            };
+            self.learn_denials(checks, &outcome, now);
+            return Ok(outcome);
+        }
+        // The leases did not fit: the request alone, exactly (the refunds are done).
+        let outcome = self.call(checks).await?;
+        let verdicts = leases.learn(checks, &[], &outcome, now);
+        let outcome = Outcome {
+            verdicts,
+            ..outcome
+        };
+        self.learn_denials(checks, &outcome, now);
+        Ok(outcome)
+    }
+
+    fn learn_denials(&self, checks: &[Check<'_>], outcome: &Outcome, now: u64) {
+        if let Some(cache) = &self.over_limit {
+            cache.learn(checks, outcome, now);
+        }
+    }
+
+    /// Gives back the leftovers of leases that ran out (all of them when the node stops).
+    pub async fn return_leases(&self, all: bool) {
+        let Some(leases) = &self.leases else {
+            return;
+        };
+        let returned = leases.take_leftovers(all);
+        if returned.is_empty() {
+            return;
+        }
+        let checks: Vec<Check<'_>> = returned.iter().map(|r| r.check()).collect();
+        if let Err(e) = self.backend(&checks).await {
+            // They stay counted until their window ends: under-admission, never more.
+            tracing::debug!(error = %e, leases = checks.len(), "could not give leases back");
+        }
+    }
+}
+
+impl<P: Store> Resilient<P> {
+    /// A batch the over-limit cache does not deny.
+    async fn undenied(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        if let Some(leases) = &self.leases
+            && checks.iter().any(|c| leases.is_hybrid(c))
+        {
+            return self.apply_hybrid(checks, leases).await;
+        }
+        let now = self.over_limit.as_ref().map_or(0, |c| c.now());
+        let outcome = self.call(checks).await?;
+        self.learn_denials(checks, &outcome, now);
+        Ok(outcome)
     }
 }
 
 impl<P: Store> Store for Resilient<P> {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let Some(cache) = &self.over_limit else {
-            return self.call(checks).await;
+            return self.undenied(checks).await;
         };
         let now = cache.now();
         let cached: Vec<Option<Verdict>> = checks.iter().map(|c| cache.denial(c, now)).collect();
         if cached.iter().all(Option::is_none) {
-            let outcome = self.call(checks).await?;
-            cache.learn(checks, &outcome, now);
-            return Ok(outcome);
+            return self.undenied(checks).await;
         }
         // Denied here. The other checks are only looked at (hits 0), so their statuses are
         // true and nothing is consumed; refunds still apply.
@@ -261,7 +388,17 @@ impl<P: Store> Store for Resilient<P> {
             allowed: false,
             verdicts,
             by_policy,
+            backend_now_us: Vec::new(),
         })
+    }
+
+    async fn return_leases(&self, all: bool) {
+        Resilient::return_leases(self, all).await;
+    }
+
+    fn lease_sweep_every(&self) -> Option<std::time::Duration> {
+        // A few times per lease lifetime, so leftovers go back soon after they run out.
+        self.leases.as_ref().map(|l| l.options().ttl / 4)
     }
 
     fn housekeeping(&self) {
@@ -282,6 +419,10 @@ impl<P: Store> Store for Resilient<P> {
 
     fn keys_in_memory(&self) -> Option<usize> {
         Some(self.local.len())
+    }
+
+    fn lease_hits_held(&self) -> Option<u64> {
+        self.leases.as_ref().map(LeaseTable::held)
     }
 
     fn breaker_state(&self) -> Option<i64> {
@@ -328,6 +469,8 @@ mod tests {
             hits: 1,
             kind: CheckKind::Enforce,
             on_failure,
+            mode: None,
+            until_us: 0,
         }
     }
 

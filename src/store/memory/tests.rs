@@ -17,6 +17,8 @@ fn check<'a>(key: &'a [u8], limit: &'a Limit, hits: u64) -> Check<'a> {
         hits,
         kind: CheckKind::Enforce,
         on_failure: None,
+        mode: None,
+        until_us: 0,
     }
 }
 

@@ -189,7 +189,7 @@ impl RedisStore {
         indices: &[usize],
         now: &str,
         refund_all: bool,
-    ) -> Result<(bool, Vec<Verdict>), StoreError> {
+    ) -> Result<GroupReply, StoreError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(now);
         for &i in indices {
@@ -207,7 +207,8 @@ impl RedisStore {
                 .arg(c.limit.requests)
                 .arg(c.limit.period_us)
                 .arg(c.limit.burst)
-                .arg(c.limit.tick_us);
+                .arg(c.limit.tick_us)
+                .arg(c.until_us);
         }
         let call = async {
             let reply = self.conns.invoke(&invocation).await.map_err(|e| {
@@ -232,15 +233,23 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(redact(&e.to_string()))
 }
 
-fn parse_reply(reply: &[i64], checks: usize) -> Result<(bool, Vec<Verdict>), StoreError> {
-    if reply.len() != 1 + 4 * checks {
+/// What one script run answered.
+struct GroupReply {
+    allowed: bool,
+    /// Redis's clock when it decided.
+    now_us: u64,
+    verdicts: Vec<Verdict>,
+}
+
+fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
+    if reply.len() != 2 + 4 * checks {
         return Err(StoreError::Unavailable(format!(
             "unexpected script reply of {} values for {checks} checks",
             reply.len()
         )));
     }
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
-    let verdicts = reply[1..]
+    let verdicts = reply[2..]
         .chunks_exact(4)
         .map(|v| Verdict {
             allowed: v[0] == 1,
@@ -249,7 +258,11 @@ fn parse_reply(reply: &[i64], checks: usize) -> Result<(bool, Vec<Verdict>), Sto
             retry_after_us: n(v[3]),
         })
         .collect();
-    Ok((reply[0] == 1, verdicts))
+    Ok(GroupReply {
+        allowed: reply[0] == 1,
+        now_us: n(reply[1]),
+        verdicts,
+    })
 }
 
 impl Store for RedisStore {
@@ -281,18 +294,20 @@ impl Store for RedisStore {
         .await;
 
         let mut verdicts = vec![Verdict::default(); checks.len()];
+        let mut backend_now_us = vec![0; checks.len()];
         let mut allowed = true;
         let mut failure = None;
         let mut consumed_groups = Vec::new();
         for ((_, members), result) in groups.iter().zip(results) {
             match result {
-                Ok((group_allowed, group_verdicts)) => {
-                    allowed &= group_allowed;
-                    if group_allowed {
+                Ok(reply) => {
+                    allowed &= reply.allowed;
+                    if reply.allowed {
                         consumed_groups.push(members);
                     }
-                    for (&i, v) in members.iter().zip(group_verdicts) {
+                    for (&i, v) in members.iter().zip(reply.verdicts) {
                         verdicts[i] = v;
+                        backend_now_us[i] = reply.now_us;
                     }
                 }
                 Err(e) => failure = Some(e),
@@ -333,8 +348,8 @@ impl Store for RedisStore {
                     .run_group(&rollback_keys, &rollback, &all, &now, true)
                     .await
                 {
-                    Ok((_, fresh)) => {
-                        for (i, v) in refunds.zip(&fresh[consumed.len()..]) {
+                    Ok(reply) => {
+                        for (i, v) in refunds.zip(&reply.verdicts[consumed.len()..]) {
                             verdicts[i] = *v;
                         }
                     }
@@ -352,6 +367,7 @@ impl Store for RedisStore {
             allowed,
             verdicts,
             by_policy: false,
+            backend_now_us,
         })
     }
 }

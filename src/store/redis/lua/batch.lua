@@ -1,10 +1,11 @@
 -- sluice: decides one request's checks in one slot, all or nothing.
 --
 -- KEYS: one per check. ARGV[1]: '' (time from Redis TIME) or a pinned time in microseconds
--- (tests only). Then 7 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
+-- (tests only). Then 8 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
 -- (1 fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets), hits, requests,
--- period_us, burst, tick_us.
--- Reply: allowed (1/0), then per check: allowed, remaining, reset_after_us, retry_after_us.
+-- period_us, burst, tick_us, until (refunds only: applied only while now < until; 0 always).
+-- Reply: allowed (1/0), the time decided at (microseconds), then per check: allowed,
+-- remaining, reset_after_us, retry_after_us.
 -- Keys are unique among the non-refund checks (the caller merges repeats).
 
 local ENFORCE, REFUND = 1, 3
@@ -51,7 +52,7 @@ end
 
 local checks = {}
 for i = 1, #KEYS do
-  local b = 1 + (i - 1) * 7
+  local b = 1 + (i - 1) * 8
   checks[i] = {
     kind = tonumber(ARGV[b + 1]),
     alg = tonumber(ARGV[b + 2]),
@@ -62,6 +63,7 @@ for i = 1, #KEYS do
       burst = tonumber(ARGV[b + 6]),
       tick = tonumber(ARGV[b + 7]),
     },
+    refund_until = tonumber(ARGV[b + 8]),
   }
 end
 
@@ -91,10 +93,15 @@ end
 
 -- Refunds apply whatever the decision: they return hits an earlier request consumed.
 for i, c in ipairs(checks) do
-  if c.kind == REFUND then verdicts[i] = refund(c.alg, KEYS[i], c.lim, c.hits) end
+  if c.kind == REFUND then
+    local hits = c.hits
+    -- A lease's leftover may only go back to the window it came from.
+    if c.refund_until ~= 0 and now >= c.refund_until then hits = 0 end
+    verdicts[i] = refund(c.alg, KEYS[i], c.lim, hits)
+  end
 end
 
-local reply = { allowed }
+local reply = { allowed, now }
 for i = 1, #checks do
   for j = 1, 4 do reply[#reply + 1] = verdicts[i][j] end
 end

@@ -1,0 +1,542 @@
+//! Quota leases (`mode: hybrid`): a node takes a slice of a counter's remaining quota from the
+//! shared store, charged there up front in the same script call as the request that needed it,
+//! and then admits requests from the slice locally, with no backend call, until it is spent, it
+//! expires (`ttl`) or its window ends. An unused slice goes back (a refund) when it expires or
+//! the node stops, and the refund is applied only while the window it came from lasts.
+//!
+//! Why it never over-admits: every leased hit is in the shared counter before this node admits
+//! it, and it is admitted within the window it was charged to (the lease's local deadline is
+//! computed from the time the request was sent, so it falls before the window's end in Redis).
+//! That holds for `fixed_window` and `sliding_window` (a hit charged early in the current
+//! window counts exactly as one charged later in it). It does not hold for the others, which
+//! stay strict under `mode: hybrid`:
+//! - the buckets (token_bucket, leaky_bucket, gcra) keep draining while the slice sits unused,
+//!   so Redis would hand the drained room to other nodes and the fleet could exceed the burst by
+//!   up to rate × lease lifetime; reserving that drain up front costs as much as the lease saves;
+//! - sliding_log stamps hits with the time they were charged, so early charges expire early.
+//!
+//! The price is under-admission: hits in other nodes' leases. A lease is sized from this node's
+//! own recent rate for the counter (`target` of its traffic), at most double the last one, and
+//! never more than a quarter of what remains, so near the limit a node falls back to one backend
+//! call per request.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::{Check, CheckKind, Outcome};
+use crate::clock::Clock;
+use crate::limiter::{Algorithm, Limit, Verdict};
+
+/// How a rule's counters are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One backend call per request: every decision is exact.
+    #[default]
+    Strict,
+    /// Leases of quota, decided locally (see the module documentation).
+    Hybrid,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Strict => "strict",
+            Mode::Hybrid => "hybrid",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "strict" => Ok(Self::Strict),
+            "hybrid" => Ok(Self::Hybrid),
+            _ => Err(format!("unknown mode '{s}' (expected strict or hybrid)")),
+        }
+    }
+}
+
+/// Whether a lease can never over-admit with this algorithm (see the module documentation).
+pub fn leasable(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseOptions {
+    /// The mode of rules that set none.
+    pub default_mode: Mode,
+    /// A lease is used for at most this long; then its leftover goes back.
+    pub ttl: Duration,
+    /// A lease covers about this much of the node's recent traffic for its counter.
+    pub target: Duration,
+    /// Counters with lease state at most; beyond it new counters are strict.
+    pub max_entries: usize,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        Self {
+            default_mode: Mode::Strict,
+            ttl: Duration::from_millis(500),
+            target: Duration::from_millis(100),
+            max_entries: 100_000,
+        }
+    }
+}
+
+/// A lease never takes more than 1/SHARE_DIVISOR of what the backend has left.
+const SHARE_DIVISOR: u64 = 4;
+/// Rates are measured over at least this long, so two requests arriving together do not look
+/// like a flood.
+const MIN_RATE_SPAN_US: u64 = 10_000;
+/// The first lease of a counter, and the floor of the doubling that sizes the next ones.
+const FIRST_LEASE: u64 = 4;
+
+#[derive(Debug, Clone)]
+struct Lease {
+    limit: Limit,
+    tag: Box<[u8]>,
+    /// Hits this node holds and may admit locally.
+    left: u64,
+    /// Local clock: `left` may be admitted until then.
+    use_until_us: u64,
+    /// Backend clock: the end of the window `left` was charged to (the refund's guard).
+    window_end_us: u64,
+    /// What the backend had left after the last call, not counting `left`.
+    backend_remaining: u64,
+    /// Local clock: when the limit is fully replenished, as the backend last said.
+    reset_at_us: u64,
+    /// Local clock: the last backend call for this counter.
+    last_call_us: u64,
+    /// Hits admitted on this node since `last_call_us` (the rate estimate).
+    used_since_call: u64,
+    /// The size of the last lease (the next is at most double).
+    last_grant: u64,
+}
+
+/// One counter's part in a backend call: extra hits asked for a lease, and the old lease's
+/// leftover, given back in the same call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ask {
+    pub extra: u64,
+    /// Hits to refund, with the limit they were taken under and the window guard.
+    pub give_back: Option<(u64, Limit, u64)>,
+}
+
+/// Leftover hits to give back to the backend.
+#[derive(Debug, Clone)]
+pub struct Returned {
+    pub key: Box<[u8]>,
+    pub tag: Box<[u8]>,
+    pub limit: Limit,
+    pub hits: u64,
+    pub until_us: u64,
+}
+
+impl Returned {
+    pub fn check(&self) -> Check<'_> {
+        Check {
+            key: &self.key,
+            tag: &self.tag,
+            limit: &self.limit,
+            hits: self.hits,
+            kind: CheckKind::Refund,
+            on_failure: None,
+            mode: None,
+            until_us: self.until_us,
+        }
+    }
+}
+
+pub struct LeaseTable {
+    entries: Mutex<HashMap<Box<[u8]>, Lease>>,
+    options: LeaseOptions,
+    clock: Arc<dyn Clock>,
+}
+
+impl LeaseTable {
+    pub fn new(options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            options,
+            clock,
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
+    pub fn options(&self) -> &LeaseOptions {
+        &self.options
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, Lease>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this check may be decided from a lease.
+    pub fn is_hybrid(&self, c: &Check<'_>) -> bool {
+        c.kind == CheckKind::Enforce
+            && c.mode.unwrap_or(self.options.default_mode) == Mode::Hybrid
+            && leasable(c.limit.algorithm)
+            && c.limit.requests > 0
+    }
+
+    /// Hits held in leases now (metrics, tests).
+    pub fn held(&self) -> u64 {
+        self.lock().values().map(|l| l.left).sum()
+    }
+
+    /// Decides the whole batch from leases, if every check is hybrid and its lease is live and
+    /// holds enough; then the hits are taken from the leases. None: ask the backend.
+    pub fn decide_locally(&self, checks: &[Check<'_>], now: u64) -> Option<Vec<Verdict>> {
+        if !checks.iter().all(|c| self.is_hybrid(c)) {
+            return None;
+        }
+        let mut entries = self.lock();
+        let fits = checks.iter().all(|c| {
+            entries
+                .get(c.key)
+                .is_some_and(|l| l.limit == *c.limit && now < l.use_until_us && l.left >= c.hits)
+        });
+        if !fits {
+            return None;
+        }
+        let verdicts = checks
+            .iter()
+            .map(|c| {
+                let l = entries.get_mut(c.key).expect("checked above");
+                l.left -= c.hits;
+                l.used_since_call += c.hits;
+                Verdict {
+                    allowed: true,
+                    remaining: l.backend_remaining.saturating_add(l.left),
+                    reset_after_us: l.reset_at_us.saturating_sub(now),
+                    retry_after_us: 0,
+                }
+            })
+            .collect();
+        Some(verdicts)
+    }
+
+    /// What to ask the backend for each check: a lease sized from the node's recent rate, and
+    /// the current lease's leftover back (it is replaced by the new one).
+    pub fn plan(&self, checks: &[Check<'_>], now: u64) -> Vec<Ask> {
+        let mut entries = self.lock();
+        checks
+            .iter()
+            .map(|c| {
+                if !self.is_hybrid(c) {
+                    return Ask::default();
+                }
+                let Some(l) = entries.get_mut(c.key) else {
+                    return Ask::default();
+                };
+                let give_back = (l.left > 0).then_some((l.left, l.limit, l.window_end_us));
+                l.left = 0;
+                if l.limit != *c.limit {
+                    // The rules changed: the old lease goes back and no rate is known yet.
+                    return Ask {
+                        extra: 0,
+                        give_back,
+                    };
+                }
+                let span = now.saturating_sub(l.last_call_us).max(MIN_RATE_SPAN_US);
+                let used = l.used_since_call.saturating_add(c.hits);
+                let by_rate = u128::from(used) * self.options.target.as_micros() / u128::from(span);
+                let by_rate = u64::try_from(by_rate).unwrap_or(u64::MAX);
+                let by_growth = l.last_grant.saturating_mul(2).max(FIRST_LEASE);
+                let by_share = l.backend_remaining.saturating_sub(c.hits) / SHARE_DIVISOR;
+                Ask {
+                    extra: by_rate.min(by_growth).min(by_share),
+                    give_back,
+                }
+            })
+            .collect()
+    }
+
+    /// Learns from the backend's answer to a batch sent at `sent_at` with `asks`: an allowed
+    /// batch grants every extra asked, and each hybrid counter's view of the backend is updated.
+    /// Returns the verdicts as this node reports them (what it holds counts as remaining).
+    pub fn learn(
+        &self,
+        checks: &[Check<'_>],
+        asks: &[Ask],
+        outcome: &Outcome,
+        sent_at: u64,
+    ) -> Vec<Verdict> {
+        let mut entries = self.lock();
+        let mut verdicts = outcome.verdicts[..checks.len()].to_vec();
+        for (i, c) in checks.iter().enumerate() {
+            if !self.is_hybrid(c) {
+                continue;
+            }
+            let Some(&backend_now) = outcome.backend_now_us.get(i) else {
+                continue;
+            };
+            if !entries.contains_key(c.key) && entries.len() >= self.options.max_entries {
+                entries.retain(|_, l| l.left > 0 || l.last_call_us + self.stale_after() > sent_at);
+                if entries.len() >= self.options.max_entries {
+                    continue;
+                }
+            }
+            let v = &mut verdicts[i];
+            let l = entries.entry(c.key.into()).or_insert_with(|| Lease {
+                limit: *c.limit,
+                tag: c.tag.into(),
+                left: 0,
+                use_until_us: 0,
+                window_end_us: 0,
+                backend_remaining: 0,
+                reset_at_us: 0,
+                last_call_us: sent_at,
+                used_since_call: 0,
+                last_grant: 0,
+            });
+            l.limit = *c.limit;
+            l.last_call_us = sent_at;
+            l.used_since_call = 0;
+            l.reset_at_us = sent_at + v.reset_after_us;
+            l.backend_remaining = v.remaining;
+            let extra = asks.get(i).map_or(0, |a| a.extra);
+            if outcome.allowed && extra > 0 {
+                let period = c.limit.period_us;
+                let window_end = backend_now - backend_now % period + period;
+                // Measured from when the request was sent: Redis decided later, so this ends
+                // no later than the window does.
+                let to_end = window_end - backend_now;
+                let use_until = sent_at + to_end.min(self.options.ttl.as_micros() as u64);
+                if l.left > 0 && l.window_end_us == window_end && sent_at < l.use_until_us {
+                    // A concurrent call's lease of the same window: hold both, until the
+                    // earlier deadline.
+                    l.left += extra;
+                    l.use_until_us = l.use_until_us.min(use_until);
+                } else {
+                    // Any other leftover has run out (its window or its ttl ended): dropping it
+                    // can only under-admit.
+                    l.left = extra;
+                    l.use_until_us = use_until;
+                }
+                l.window_end_us = window_end;
+                l.last_grant = extra;
+                v.remaining = v.remaining.saturating_add(l.left);
+            } else if !outcome.allowed {
+                l.last_grant = 0;
+            }
+        }
+        verdicts
+    }
+
+    fn stale_after(&self) -> u64 {
+        10 * self.options.ttl.as_micros() as u64
+    }
+
+    /// Takes the leftovers of leases that ran out (or of every lease, when the node stops), to
+    /// be refunded; forgets counters not used for a while.
+    pub fn take_leftovers(&self, all: bool) -> Vec<Returned> {
+        let now = self.now();
+        let stale = self.stale_after();
+        let mut entries = self.lock();
+        let mut out = Vec::new();
+        entries.retain(|key, l| {
+            if l.left > 0 && (all || now >= l.use_until_us) {
+                out.push(Returned {
+                    key: key.clone(),
+                    tag: l.tag.clone(),
+                    limit: l.limit,
+                    hits: l.left,
+                    until_us: l.window_end_us,
+                });
+                l.left = 0;
+            }
+            l.left > 0 || now < l.last_call_us + stale
+        });
+        out
+    }
+
+    /// Counters with lease state.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const S: u64 = 1_000_000;
+
+    fn table(clock: &Arc<ManualClock>) -> LeaseTable {
+        LeaseTable::new(
+            LeaseOptions {
+                default_mode: Mode::Hybrid,
+                ..LeaseOptions::default()
+            },
+            clock.clone(),
+        )
+    }
+
+    fn check(limit: &Limit) -> Check<'_> {
+        Check {
+            key: b"k",
+            tag: b"k",
+            limit,
+            hits: 1,
+            kind: CheckKind::Enforce,
+            on_failure: None,
+            mode: None,
+            until_us: 0,
+        }
+    }
+
+    fn answer(allowed: bool, remaining: u64, backend_now: u64) -> Outcome {
+        Outcome {
+            allowed,
+            verdicts: vec![Verdict {
+                allowed,
+                remaining,
+                reset_after_us: S,
+                retry_after_us: 0,
+            }],
+            by_policy: false,
+            backend_now_us: vec![backend_now],
+        }
+    }
+
+    #[test]
+    fn only_window_algorithms_lease() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        for alg in Algorithm::ALL {
+            let limit = Limit::new(alg, 10, S, None).unwrap();
+            let hybrid = t.is_hybrid(&check(&limit));
+            assert_eq!(
+                hybrid,
+                matches!(alg, Algorithm::FixedWindow | Algorithm::SlidingWindow),
+                "{alg}"
+            );
+            let strict = Check {
+                mode: Some(Mode::Strict),
+                ..check(&limit)
+            };
+            assert!(!t.is_hybrid(&strict), "a rule's own mode wins");
+        }
+    }
+
+    #[test]
+    fn a_lease_grows_with_the_rate_and_stays_a_quarter_of_what_remains() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000_000, 60 * S, None).unwrap();
+        let c = check(&limit);
+        // First sight: no rate known, no lease.
+        let asks = t.plan(&[c], clock.now_micros());
+        assert_eq!(asks[0].extra, 0);
+        t.learn(&[c], &asks, &answer(true, 999_999, 100 * S), 100 * S);
+        // 1 request per ms: 100 ms is 100 hits, but a lease at most doubles (from 4).
+        clock.advance(1_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert_eq!(asks[0].extra, FIRST_LEASE);
+        let v = t.learn(
+            &[c],
+            &asks,
+            &answer(true, 999_000, 100 * S),
+            clock.now_micros(),
+        );
+        assert_eq!(
+            v[0].remaining,
+            999_000 + FIRST_LEASE,
+            "held hits count as remaining"
+        );
+        for _ in 0..FIRST_LEASE {
+            assert!(t.decide_locally(&[c], clock.now_micros()).is_some());
+        }
+        assert!(
+            t.decide_locally(&[c], clock.now_micros()).is_none(),
+            "spent"
+        );
+        // Near the limit: a quarter of what remains.
+        let asks = t.plan(&[c], clock.now_micros() + 1_000);
+        t.learn(&[c], &asks, &answer(true, 9, 100 * S), clock.now_micros());
+        let asks = t.plan(&[c], clock.now_micros() + 1_000);
+        assert_eq!(asks[0].extra, 2, "(9 - 1) / 4");
+        t.learn(&[c], &asks, &answer(true, 3, 100 * S), clock.now_micros());
+        let asks = t.plan(&[c], clock.now_micros() + 1_000);
+        assert_eq!(asks[0].extra, 0, "strict near the limit");
+        assert_eq!(
+            asks[0].give_back.map(|g| g.0),
+            Some(2),
+            "the old lease goes back"
+        );
+    }
+
+    #[test]
+    fn a_lease_ends_with_its_window_measured_from_the_send_time() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000, S, None).unwrap();
+        let c = check(&limit);
+        let asks = t.plan(&[c], clock.now_micros());
+        t.learn(&[c], &asks, &answer(true, 900, 100 * S), clock.now_micros());
+        clock.advance(1_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert!(asks[0].extra > 0);
+        let sent = clock.now_micros();
+        // Redis decided 0.95 s into its window: 50 ms are left of it.
+        t.learn(&[c], &asks, &answer(true, 800, 200 * S + 950_000), sent);
+        clock.set(sent + 49_999);
+        assert!(t.decide_locally(&[c], clock.now_micros()).is_some());
+        clock.set(sent + 50_000);
+        assert!(t.decide_locally(&[c], clock.now_micros()).is_none());
+        let back = t.take_leftovers(false);
+        assert_eq!(back.len(), 1);
+        assert_eq!(
+            back[0].until_us,
+            201 * S,
+            "refund only into the window it came from"
+        );
+        assert_eq!(back[0].hits, asks[0].extra - 1);
+        assert!(t.take_leftovers(true).is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_changed_limit_returns_the_lease() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let old = Limit::new(Algorithm::FixedWindow, 1_000, 60 * S, None).unwrap();
+        let new = Limit::new(Algorithm::FixedWindow, 10, 60 * S, None).unwrap();
+        let asks = t.plan(&[check(&old)], clock.now_micros());
+        t.learn(&[check(&old)], &asks, &answer(true, 999, 100 * S), 100 * S);
+        clock.advance(1_000);
+        let asks = t.plan(&[check(&old)], clock.now_micros());
+        t.learn(
+            &[check(&old)],
+            &asks,
+            &answer(true, 990, 100 * S),
+            clock.now_micros(),
+        );
+        assert!(
+            t.decide_locally(&[check(&new)], clock.now_micros())
+                .is_none()
+        );
+        let asks = t.plan(&[check(&new)], clock.now_micros());
+        assert_eq!(asks[0].extra, 0);
+        assert_eq!(asks[0].give_back.map(|g| g.1), Some(old));
+    }
+}
