@@ -1,7 +1,12 @@
 //! Load run and Redis memory, outside criterion (they report distributions and bytes, not one
 //! time). Starts its own redis-server processes on loopback ports and stops them at the end.
 //!
-//! cargo bench --bench load -- load [seconds]     decisions/s and latency percentiles per backend
+//! cargo bench --bench load -- load [seconds] [clients] [rows]
+//!     decisions/s, latency percentiles and Redis calls per decision: no-op, memory, Redis and
+//!     Redis Cluster, strict and hybrid; `clients` distinct callers (3 descriptors each); `rows`
+//!     a comma list of rows to run (default all)
+//! cargo bench --bench load -- hotkey [seconds]   every request on one key, strict vs hybrid
+//! cargo bench --bench load -- fleet [seconds]    4 hybrid nodes with uneven load: admitted vs limit
 //! cargo bench --bench load -- memory [keys]      Redis bytes per key per algorithm
 
 use std::process::{Child, Command, Stdio};
@@ -11,13 +16,22 @@ use std::time::{Duration, Instant};
 #[path = "common/servers.rs"]
 mod servers;
 
+// As the `sluice` binary runs (src/main.rs): every row, the no-op ceiling included.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use servers::{serve_noop, serve_sluice};
-use sluice::clock::SystemClock;
+use sluice::clock::{Clock, SystemClock};
+use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
 use sluice::limiter::{Algorithm, Limit};
 use sluice::proto::{self, RateLimitServiceClient};
 use sluice::store::breaker::Breaker;
+use sluice::store::lease::LeaseTable;
+use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
-use sluice::store::{Check, CheckKind, FailureMode, MemoryStore, Resilient, Store};
+use sluice::store::{
+    Check, CheckKind, FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store,
+};
 
 const RULES: &str = "domain: load\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
@@ -95,7 +109,8 @@ fn start_redis(nodes: usize, first_port: u16) -> Redis {
     Redis(children, ports)
 }
 
-fn redis_store(topology: Topology) -> Resilient<RedisStore> {
+/// The Redis store as `sluice serve` builds it, with `mode` the default mode.
+fn redis_store(topology: Topology, mode: Mode) -> Resilient<RedisStore> {
     let redis = RedisStore::new(&RedisOptions {
         topology,
         pool_size: 8,
@@ -107,12 +122,22 @@ fn redis_store(topology: Topology) -> Resilient<RedisStore> {
     Resilient::new(
         redis,
         MemoryStore::new(clock.clone(), 10_000_000),
-        Breaker::new(5, Duration::from_millis(500), clock),
+        Breaker::new(5, Duration::from_millis(500), clock.clone()),
         FailureMode::Error,
     )
+    .with_over_limit_cache(OverLimitCache::new(100_000, clock.clone()))
+    .with_leases(LeaseTable::new(
+        LeaseOptions {
+            default_mode: mode,
+            ..LeaseOptions::default()
+        },
+        clock,
+    ))
 }
 
-fn request(i: u64) -> proto::RateLimitRequest {
+/// The request mix: `clients` distinct callers, 3 descriptors each; 0 clients means every
+/// request is one descriptor on one key (the hot key).
+fn request(i: u64, clients: u64) -> proto::RateLimitRequest {
     let d = |entries: Vec<(&str, String)>| proto::RateLimitDescriptor {
         entries: entries
             .into_iter()
@@ -123,7 +148,14 @@ fn request(i: u64) -> proto::RateLimitRequest {
             .collect(),
         ..Default::default()
     };
-    let client = i % 10_000;
+    if clients == 0 {
+        return proto::RateLimitRequest {
+            domain: "load".into(),
+            descriptors: vec![d(vec![("remote_address", "10.0.0.1".into())])],
+            hits_addend: 0,
+        };
+    }
+    let client = i % clients;
     proto::RateLimitRequest {
         domain: "load".into(),
         descriptors: vec![
@@ -147,6 +179,7 @@ async fn drive(
     addr: std::net::SocketAddr,
     concurrency: usize,
     seconds: u64,
+    clients: u64,
 ) -> (f64, Vec<u32>, u64) {
     let mut channels = Vec::new();
     for _ in 0..4 {
@@ -167,7 +200,7 @@ async fn drive(
             let mut i = t as u64 * 1_000_003;
             while Instant::now() < deadline {
                 i += 1;
-                let r = request(i);
+                let r = request(i, clients);
                 let s = Instant::now();
                 if client.should_rate_limit(r).await.is_err() {
                     errors += 1;
@@ -207,68 +240,214 @@ fn evalsha_calls(ports: &[u16]) -> u64 {
         .sum()
 }
 
-async fn load(seconds: u64) {
+/// One row per backend, all in this run: decisions/s, latency, Redis calls per decision. The
+/// rows run in turn, `ROUNDS` times over (this VM's speed drifts by tens of percent within a
+/// minute); each row reports its median round.
+async fn load(seconds: u64, clients: u64, backends: &[&str]) {
+    const ROUNDS: usize = 3;
     let base = 23_000 + (std::process::id() % 500) as u16 * 8;
     let standalone = start_redis(1, base);
     let cluster = start_redis(3, base + 1);
     let concurrency = 64;
-    println!(
-        "backend         | decisions/s | p50 µs | p99 µs | p999 µs | errors | EVALSHA per request"
-    );
-    println!(
-        "----------------|-------------|--------|--------|---------|--------|--------------------"
-    );
-    for backend in ["noop", "memory", "redis", "redis-cluster"] {
+    let what = if clients == 0 {
+        "one key".to_string()
+    } else {
+        format!("{clients} clients x 3 descriptors")
+    };
+    let standalone_url = format!("redis://127.0.0.1:{}", standalone.1[0]);
+    let cluster_urls: Vec<String> = cluster
+        .1
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let mut servers = Vec::new();
+    for &backend in backends {
         let addr = match backend {
             "noop" => serve_noop().await,
             "memory" => {
                 serve_sluice(RULES, MemoryStore::new(Arc::new(SystemClock), 10_000_000)).await
             }
-            "redis" => {
-                serve_sluice(
-                    RULES,
-                    redis_store(Topology::Standalone(format!(
-                        "redis://127.0.0.1:{}",
-                        standalone.1[0]
-                    ))),
-                )
-                .await
+            "redis strict" | "redis hybrid" => {
+                let mode = if backend.ends_with("hybrid") {
+                    Mode::Hybrid
+                } else {
+                    Mode::Strict
+                };
+                let store = redis_store(Topology::Standalone(standalone_url.clone()), mode);
+                serve_sluice(RULES, store).await
             }
-            _ => {
-                serve_sluice(
-                    RULES,
-                    redis_store(Topology::Cluster(
-                        cluster
-                            .1
-                            .iter()
-                            .map(|p| format!("redis://127.0.0.1:{p}"))
-                            .collect(),
-                    )),
-                )
-                .await
+            "cluster strict" | "cluster hybrid" => {
+                let mode = if backend.ends_with("hybrid") {
+                    Mode::Hybrid
+                } else {
+                    Mode::Strict
+                };
+                let store = redis_store(Topology::Cluster(cluster_urls.clone()), mode);
+                serve_sluice(RULES, store).await
             }
+            other => panic!("unknown row '{other}'"),
         };
         let ports: &[u16] = match backend {
-            "redis" => &standalone.1,
-            "redis-cluster" => &cluster.1,
+            "redis strict" | "redis hybrid" => &standalone.1,
+            "cluster strict" | "cluster hybrid" => &cluster.1,
             _ => &[],
         };
-        // Warm up (connections, script load), then measure.
-        drive(addr, concurrency, 1).await;
-        let before = evalsha_calls(ports);
-        let (rate, lat, errors) = drive(addr, concurrency, seconds).await;
-        let per_request = (evalsha_calls(ports) - before) as f64 / lat.len() as f64;
+        // Warm up (connections, script load, leases).
+        drive(addr, concurrency, 1, clients).await;
+        servers.push((backend, addr, ports));
+    }
+    // Per row: (decisions/s, sorted latencies, errors, EVALSHA per Redis node) per round.
+    type Round = (f64, Vec<u32>, u64, Vec<u64>);
+    let mut results: Vec<Vec<Round>> = vec![Vec::new(); servers.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, addr, ports)) in servers.iter().enumerate() {
+            let before: Vec<u64> = ports.iter().map(|p| evalsha_calls(&[*p])).collect();
+            let (rate, lat, errors) = drive(*addr, concurrency, seconds, clients).await;
+            let per_node: Vec<u64> = ports
+                .iter()
+                .zip(&before)
+                .map(|(p, b)| evalsha_calls(&[*p]) - b)
+                .collect();
+            results[i].push((rate, lat, errors, per_node));
+        }
+    }
+    println!(
+        "{concurrency} callers, {what}; median of {ROUNDS} interleaved rounds of {seconds} s per row"
+    );
+    println!();
+    println!(
+        "backend        | decisions/s (rounds)        | p50 µs | p99 µs | p999 µs | errors | EVALSHA per decision | per Redis node"
+    );
+    println!(
+        "---------------|-----------------------------|--------|--------|---------|--------|----------------------|---------------"
+    );
+    let mut medians = Vec::new();
+    for ((backend, _, ports), mut rounds) in servers.iter().zip(results) {
+        let all: Vec<String> = rounds.iter().map(|r| format!("{:.0}", r.0)).collect();
+        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (rate, lat, errors, per_node) = &rounds[ROUNDS / 2];
+        let per_decision = per_node.iter().sum::<u64>() as f64 / lat.len() as f64;
         println!(
-            "{backend:<15} | {rate:>11.0} | {:>6} | {:>6} | {:>7} | {errors:>6} | {}",
-            pct(&lat, 0.5),
-            pct(&lat, 0.99),
-            pct(&lat, 0.999),
+            "{backend:<14} | {rate:>6.0} ({:<19}) | {:>6} | {:>6} | {:>7} | {errors:>6} | {:>20} | {}",
+            all.join(" "),
+            pct(lat, 0.5),
+            pct(lat, 0.99),
+            pct(lat, 0.999),
             if ports.is_empty() {
                 "-".to_string()
             } else {
-                format!("{per_request:.2}")
+                format!("{per_decision:.4}")
+            },
+            if ports.len() > 1 {
+                format!("{per_node:?}")
+            } else {
+                "-".into()
             }
         );
+        medians.push((*backend, *rate));
+    }
+    let rate = |name: &str| medians.iter().find(|(b, _)| *b == name).map(|(_, r)| *r);
+    println!();
+    if let (Some(noop), Some(memory)) = (rate("noop"), rate("memory")) {
+        println!("memory / no-op: {:.0} %", 100.0 * memory / noop);
+        for hybrid in ["redis hybrid", "cluster hybrid"] {
+            if let Some(h) = rate(hybrid) {
+                println!("{hybrid} / memory: {:.0} %", 100.0 * h / memory);
+            }
+        }
+    }
+}
+
+const FLEET_RULES: &str = "domain: fleet\ndescriptors:\n  - key: fixed_window\n    mode: hybrid\n    rate_limit: {unit: second, requests_per_unit: 1000}\n  - key: sliding_window\n    mode: hybrid\n    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: sliding_window}\n";
+
+/// 4 hybrid nodes share one Redis; their load is split 60/25/10/5 %. For offered loads below,
+/// at and above the limit, how much the fleet admits per second, against what it could (the
+/// offered load, at most the limit), and how many Redis calls it makes per decision.
+async fn fleet(seconds: u64) {
+    let redis = start_redis(1, 29_000 + (std::process::id() % 500) as u16 * 8);
+    let url = format!("redis://127.0.0.1:{}", redis.1[0]);
+    let shares = [0.60, 0.25, 0.10, 0.05];
+    println!("4 nodes, load split {shares:?}, limit 1000/s, {seconds} s per row");
+    println!();
+    println!(
+        "algorithm      | offered/s | admitted/s | of admissible | worst second | over limit | EVALSHA per decision"
+    );
+    println!(
+        "---------------|-----------|------------|---------------|--------------|------------|---------------------"
+    );
+    for key in ["fixed_window", "sliding_window"] {
+        for offered in [800.0, 1_000.0, 1_500.0, 3_000.0] {
+            cli(redis.1[0], &["FLUSHALL"]);
+            let nodes: Vec<Arc<Engine<Resilient<RedisStore>>>> = (0..4)
+                .map(|_| {
+                    Arc::new(Engine::new(
+                        sluice::rules::load_texts([("fleet.yaml", FLEET_RULES)]).unwrap(),
+                        redis_store(Topology::Standalone(url.clone()), Mode::Strict),
+                        EngineSettings::default(),
+                    ))
+                })
+                .collect();
+            // Start on a second boundary, so each second of the run is one window.
+            let now = SystemClock.now_micros();
+            tokio::time::sleep(Duration::from_micros(1_000_000 - now % 1_000_000)).await;
+            let start_second = SystemClock.now_micros() / 1_000_000;
+            let before = evalsha_calls(&redis.1);
+            let mut tasks = Vec::new();
+            for (node, share) in nodes.iter().zip(shares) {
+                let node = node.clone();
+                let rate = offered * share;
+                tasks.push(tokio::spawn(async move {
+                    // Requests paced each millisecond; admitted counted per second (window).
+                    let mut per_second = vec![0u64; seconds as usize];
+                    let mut sent = 0u64;
+                    let mut tick = tokio::time::interval(Duration::from_millis(1));
+                    let started = Instant::now();
+                    while started.elapsed() < Duration::from_secs(seconds) {
+                        tick.tick().await;
+                        let due = (started.elapsed().as_secs_f64() * rate) as u64;
+                        while sent < due {
+                            sent += 1;
+                            let r = Request {
+                                domain: "fleet".into(),
+                                descriptors: vec![Descriptor {
+                                    entries: vec![(key.into(), "hot".into())],
+                                    hits: 1,
+                                    ..Descriptor::default()
+                                }],
+                            };
+                            let d = node.decide(&r).await.unwrap();
+                            let second =
+                                (SystemClock.now_micros() / 1_000_000 - start_second) as usize;
+                            if d.code == Code::Ok && second < per_second.len() {
+                                per_second[second] += 1;
+                            }
+                        }
+                    }
+                    (per_second, sent)
+                }));
+            }
+            let mut per_second = vec![0u64; seconds as usize];
+            let mut decisions = 0;
+            for t in tasks {
+                let (p, sent) = t.await.unwrap();
+                decisions += sent;
+                for (a, b) in per_second.iter_mut().zip(p) {
+                    *a += b;
+                }
+            }
+            let calls = evalsha_calls(&redis.1) - before;
+            // The last second is partial (the run ends inside it); leave it out.
+            let full = &per_second[..per_second.len() - 1];
+            let admitted = full.iter().sum::<u64>() as f64 / full.len() as f64;
+            let admissible = offered.min(1_000.0);
+            println!(
+                "{key:<14} | {offered:>9.0} | {admitted:>10.0} | {:>12.1} % | {:>12} | {:>10} | {:.4}",
+                100.0 * admitted / admissible,
+                full.iter().min().unwrap(),
+                full.iter().filter(|&&a| a > 1_000).count(),
+                calls as f64 / decisions as f64
+            );
+        }
     }
 }
 
@@ -359,6 +538,15 @@ async fn memory(keys: u64) {
     }
 }
 
+const ALL_BACKENDS: [&str; 6] = [
+    "noop",
+    "memory",
+    "redis strict",
+    "redis hybrid",
+    "cluster strict",
+    "cluster hybrid",
+];
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -369,10 +557,32 @@ fn main() {
         Some("memory") => rt.block_on(memory(
             args.get(1).map_or(1_000_000, |n| n.parse().unwrap()),
         )),
-        Some("load") => rt.block_on(load(args.get(1).map_or(10, |n| n.parse().unwrap()))),
+        Some("load") => {
+            // An optional third argument picks rows: e.g. `noop,memory`.
+            let rows: Vec<&str> = match args.get(3) {
+                Some(list) => list.split(',').collect(),
+                None => ALL_BACKENDS.to_vec(),
+            };
+            rt.block_on(load(
+                args.get(1).map_or(10, |n| n.parse().unwrap()),
+                args.get(2).map_or(10, |n| n.parse().unwrap()),
+                &rows,
+            ))
+        }
+        Some("hotkey") => rt.block_on(load(
+            args.get(1).map_or(10, |n| n.parse().unwrap()),
+            0,
+            &[
+                "redis strict",
+                "redis hybrid",
+                "cluster strict",
+                "cluster hybrid",
+            ],
+        )),
+        Some("fleet") => rt.block_on(fleet(args.get(1).map_or(10, |n| n.parse().unwrap()))),
         _ => {
             // `cargo bench` with no arguments: a short load run.
-            rt.block_on(load(3));
+            rt.block_on(load(3, 10, &ALL_BACKENDS));
         }
     }
 }

@@ -22,6 +22,11 @@ use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology, redact};
 use sluice::store::{FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store};
 
+// glibc's malloc makes the worker threads queue on its arena lock; mimalloc's per-thread heaps
+// raised the load run's throughput by half (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",

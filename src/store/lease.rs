@@ -286,10 +286,9 @@ impl LeaseTable {
                 continue;
             };
             if !entries.contains_key(c.key) && entries.len() >= self.options.max_entries {
-                entries.retain(|_, l| l.left > 0 || l.last_call_us + self.stale_after() > sent_at);
-                if entries.len() >= self.options.max_entries {
-                    continue;
-                }
+                // Full: this counter stays strict until the sweep forgets idle ones (a scan
+                // here would cost every new counter the whole table).
+                continue;
             }
             let v = &mut verdicts[i];
             let l = entries.entry(c.key.into()).or_insert_with(|| Lease {
@@ -538,5 +537,40 @@ mod tests {
         let asks = t.plan(&[check(&new)], clock.now_micros());
         assert_eq!(asks[0].extra, 0);
         assert_eq!(asks[0].give_back.map(|g| g.1), Some(old));
+    }
+
+    #[test]
+    fn a_full_table_leaves_new_counters_strict_until_idle_ones_are_forgotten() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = LeaseTable::new(
+            LeaseOptions {
+                default_mode: Mode::Hybrid,
+                max_entries: 1,
+                ..LeaseOptions::default()
+            },
+            clock.clone(),
+        );
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000, 60 * S, None).unwrap();
+        let a = check(&limit);
+        let b = Check {
+            key: b"other",
+            ..check(&limit)
+        };
+        t.learn(
+            &[a],
+            &[Ask::default()],
+            &answer(true, 999, 100 * S),
+            100 * S,
+        );
+        t.learn(
+            &[b],
+            &[Ask::default()],
+            &answer(true, 999, 100 * S),
+            100 * S,
+        );
+        assert_eq!(t.len(), 1, "bounded");
+        clock.advance(10 * t.options().ttl.as_micros() as u64);
+        assert!(t.take_leftovers(false).is_empty());
+        assert_eq!(t.len(), 0, "idle counters are forgotten");
     }
 }
