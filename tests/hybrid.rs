@@ -37,6 +37,10 @@ descriptors:
   - key: minute
     mode: hybrid
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: refunded
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
 "#;
 
 type Node = Arc<Engine<Resilient<RedisStore>>>;
@@ -330,6 +334,44 @@ async fn a_reload_never_lets_an_old_lease_admit_under_the_new_limit() {
         );
         redis.cli(&["FLUSHALL"]);
     }
+}
+
+/// A denied request that asked for a lease is retried alone; its refunds were applied by the
+/// first call and must not be applied again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_applies_its_refunds_once() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_900_000_020 * S));
+    let n = node(&Topology::Standalone(redis.url()), &clock, RULES);
+    for _ in 0..5 {
+        assert_eq!(n.decide(&hit("refunded")).await.unwrap().code, Code::Ok);
+    }
+    // A rate for `minute`, so the next call asks for a lease.
+    for _ in 0..3 {
+        n.decide(&hit("minute")).await.unwrap();
+        clock.advance(MS);
+    }
+    let entry = |k: &str, hits, refund| Descriptor {
+        entries: vec![(k.into(), "hot".into())],
+        hits,
+        refund,
+        ..Descriptor::default()
+    };
+    let mixed = Request {
+        domain: "h".into(),
+        descriptors: vec![
+            entry("minute", 1, false),
+            entry("refunded", 2, true),
+            entry("zero", 1, false),
+        ],
+    };
+    assert_eq!(n.decide(&mixed).await.unwrap().code, Code::OverLimit);
+    let probe = Request {
+        domain: "h".into(),
+        descriptors: vec![entry("refunded", 0, false)],
+    };
+    let d = n.decide(&probe).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 7, "5 used, 2 given back once");
 }
 
 /// The `sluice` binary with `--mode hybrid` (a rule that sets no mode follows it): on SIGTERM

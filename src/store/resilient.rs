@@ -301,8 +301,16 @@ impl<P: Store> Resilient<P> {
             self.learn_denials(checks, &outcome, now);
             return Ok(outcome);
         }
-        // The leases did not fit: the request alone, exactly (the refunds are done).
-        let outcome = self.call(checks).await?;
+        // The leases did not fit: the request alone, exactly. Every refund (the request's own
+        // and the old leases') was applied by the first call: now they only look.
+        let alone: Vec<Check<'_>> = checks
+            .iter()
+            .map(|c| match c.kind {
+                CheckKind::Refund => Check { hits: 0, ..*c },
+                _ => *c,
+            })
+            .collect();
+        let outcome = self.call(&alone).await?;
         let verdicts = leases.learn(checks, &[], &outcome, now);
         let outcome = Outcome {
             verdicts,
