@@ -22,6 +22,31 @@ impl Clock for SystemClock {
     }
 }
 
+/// Time that never steps: microseconds since the process started (so not epoch-aligned). For
+/// what only measures durations on this node — a lease's deadline, a cached denial's end — where
+/// a wall clock set back would stretch them.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_micros(&self) -> u64 {
+        // Starts at one second, so no deadline computed from it is ever 0 ("none").
+        self.0.elapsed().as_micros() as u64 + MICROS_PER_SECOND
+    }
+}
+
 /// A clock that moves only when told to.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);
@@ -53,3 +78,20 @@ impl<C: Clock> Clock for std::sync::Arc<C> {
 }
 
 pub const MICROS_PER_SECOND: u64 = 1_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_monotonic_clock_never_goes_back_and_is_never_zero() {
+        let c = MonotonicClock::new();
+        let mut last = c.now_micros();
+        assert!(last >= MICROS_PER_SECOND);
+        for _ in 0..1_000 {
+            let now = c.now_micros();
+            assert!(now >= last);
+            last = now;
+        }
+    }
+}

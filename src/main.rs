@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use sluice::clock::SystemClock;
+use sluice::clock::{MonotonicClock, SystemClock};
 use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::metrics::Metrics;
 use sluice::rules::load_path;
@@ -373,7 +373,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 if args.over_limit_cache > 0 {
                     store = store.with_over_limit_cache(OverLimitCache::new(
                         args.over_limit_cache,
-                        Arc::new(SystemClock),
+                        Arc::new(MonotonicClock::new()),
                     ));
                 }
                 // Leases are kept for rules that ask for them even when the default is strict.
@@ -384,7 +384,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         target: args.lease_target,
                         ..LeaseOptions::default()
                     },
-                    Arc::new(SystemClock),
+                    Arc::new(MonotonicClock::new()),
                 ));
                 run(options, live, Engine::new(rules, store, settings)).await
             }

@@ -250,6 +250,8 @@ impl<P: Store> Resilient<P> {
         leases: &LeaseTable,
     ) -> Result<Outcome, StoreError> {
         let now = leases.now();
+        // The cache keeps its own clock: denials are learned from when the call was sent.
+        let cache_now = self.over_limit.as_ref().map_or(0, OverLimitCache::now);
         if let Some(verdicts) = leases.decide_locally(checks, now) {
             return Ok(Outcome {
                 allowed: true,
@@ -298,7 +300,7 @@ impl<P: Store> Resilient<P> {
                 by_policy: outcome.by_policy,
                 backend_now_us,
             };
-            self.learn_denials(checks, &outcome, now);
+            self.learn_denials(checks, &outcome, cache_now);
             return Ok(outcome);
         }
         // The leases did not fit: the request alone, exactly. Every refund (the request's own
@@ -316,7 +318,7 @@ impl<P: Store> Resilient<P> {
             verdicts,
             ..outcome
         };
-        self.learn_denials(checks, &outcome, now);
+        self.learn_denials(checks, &outcome, cache_now);
         Ok(outcome)
     }
 
