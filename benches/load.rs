@@ -5,7 +5,8 @@
 //!     decisions/s, latency percentiles and Redis calls per decision: no-op, memory, Redis and
 //!     Redis Cluster, strict and hybrid; `clients` distinct callers (3 descriptors each); `rows`
 //!     a comma list of rows to run (default all)
-//! cargo bench --bench load -- hotkey [seconds]   every request on one key, strict vs hybrid
+//! cargo bench --bench load -- hotkey [seconds]   every request on one key (below, then far above
+//!     its limit), strict vs hybrid
 //! cargo bench --bench load -- fleet [seconds]    4 hybrid nodes with uneven load: admitted vs limit
 //! cargo bench --bench load -- memory [keys]      Redis bytes per key per algorithm
 
@@ -33,7 +34,7 @@ use sluice::store::{
     Check, CheckKind, FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store,
 };
 
-const RULES: &str = "domain: load\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
+const RULES: &str = "domain: load\ndescriptors:\n  - key: over\n    rate_limit: {unit: second, requests_per_unit: 1000}\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
 struct Redis(Vec<Child>, Vec<u16>);
 
@@ -62,6 +63,8 @@ fn start_redis(nodes: usize, first_port: u16) -> Redis {
     for i in 0..nodes {
         let port = first_port + i as u16;
         let d = dir.join(port.to_string());
+        // A cluster node refuses to join a new cluster with an earlier run's nodes.conf.
+        let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         let mut cmd = Command::new("redis-server");
         cmd.args([
@@ -135,8 +138,12 @@ fn redis_store(topology: Topology, mode: Mode) -> Resilient<RedisStore> {
     ))
 }
 
-/// The request mix: `clients` distinct callers, 3 descriptors each; 0 clients means every
-/// request is one descriptor on one key (the hot key).
+/// Every request one descriptor on one counter with a limit far above the load.
+const HOT_KEY: u64 = 0;
+/// Every request one descriptor on one counter limited to 1 000/s: nearly all are denied.
+const HOT_KEY_OVER_LIMIT: u64 = u64::MAX;
+
+/// The request mix: `clients` distinct callers, 3 descriptors each, or one of the hot keys.
 fn request(i: u64, clients: u64) -> proto::RateLimitRequest {
     let d = |entries: Vec<(&str, String)>| proto::RateLimitDescriptor {
         entries: entries
@@ -148,10 +155,15 @@ fn request(i: u64, clients: u64) -> proto::RateLimitRequest {
             .collect(),
         ..Default::default()
     };
-    if clients == 0 {
+    if clients == HOT_KEY || clients == HOT_KEY_OVER_LIMIT {
+        let key = if clients == HOT_KEY {
+            "remote_address"
+        } else {
+            "over"
+        };
         return proto::RateLimitRequest {
             domain: "load".into(),
-            descriptors: vec![d(vec![("remote_address", "10.0.0.1".into())])],
+            descriptors: vec![d(vec![(key, "10.0.0.1".into())])],
             hits_addend: 0,
         };
     }
@@ -249,8 +261,10 @@ async fn load(seconds: u64, clients: u64, backends: &[&str]) {
     let standalone = start_redis(1, base);
     let cluster = start_redis(3, base + 1);
     let concurrency = 64;
-    let what = if clients == 0 {
+    let what = if clients == HOT_KEY {
         "one key".to_string()
+    } else if clients == HOT_KEY_OVER_LIMIT {
+        "one key limited to 1000/s".to_string()
     } else {
         format!("{clients} clients x 3 descriptors")
     };
@@ -569,16 +583,18 @@ fn main() {
                 &rows,
             ))
         }
-        Some("hotkey") => rt.block_on(load(
-            args.get(1).map_or(10, |n| n.parse().unwrap()),
-            0,
-            &[
+        Some("hotkey") => {
+            let seconds = args.get(1).map_or(10, |n| n.parse().unwrap());
+            let rows = [
                 "redis strict",
                 "redis hybrid",
                 "cluster strict",
                 "cluster hybrid",
-            ],
-        )),
+            ];
+            rt.block_on(load(seconds, HOT_KEY, &rows));
+            println!();
+            rt.block_on(load(seconds, HOT_KEY_OVER_LIMIT, &rows));
+        }
         Some("fleet") => rt.block_on(fleet(args.get(1).map_or(10, |n| n.parse().unwrap()))),
         _ => {
             // `cargo bench` with no arguments: a short load run.
