@@ -276,26 +276,21 @@ async fn load(seconds: u64, clients: u64, backends: &[&str]) {
         .collect();
     let mut servers = Vec::new();
     for &backend in backends {
+        let mode = if backend.ends_with("hybrid") {
+            Mode::Hybrid
+        } else {
+            Mode::Strict
+        };
         let addr = match backend {
             "noop" => serve_noop().await,
             "memory" => {
                 serve_sluice(RULES, MemoryStore::new(Arc::new(SystemClock), 10_000_000)).await
             }
             "redis strict" | "redis hybrid" => {
-                let mode = if backend.ends_with("hybrid") {
-                    Mode::Hybrid
-                } else {
-                    Mode::Strict
-                };
                 let store = redis_store(Topology::Standalone(standalone_url.clone()), mode);
                 serve_sluice(RULES, store).await
             }
             "cluster strict" | "cluster hybrid" => {
-                let mode = if backend.ends_with("hybrid") {
-                    Mode::Hybrid
-                } else {
-                    Mode::Strict
-                };
                 let store = redis_store(Topology::Cluster(cluster_urls.clone()), mode);
                 serve_sluice(RULES, store).await
             }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisServer, commandstat, redis_cli};
 use sluice::clock::{Clock, ManualClock};
 use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
 use sluice::rules::load_texts;
@@ -85,14 +85,7 @@ fn hit(key: &str) -> Request {
 fn evalsha(ports: &[u16]) -> u64 {
     ports
         .iter()
-        .map(|&p| {
-            let info = common::redis::redis_cli(p, &["INFO", "commandstats"]);
-            info.lines()
-                .find(|l| l.starts_with("cmdstat_evalsha:"))
-                .and_then(|l| l.split("calls=").nth(1))
-                .and_then(|s| s.split(',').next())
-                .map_or(0, |n| n.parse().unwrap())
-        })
+        .map(|&p| commandstat(&redis_cli(p, &["INFO", "commandstats"]), "evalsha"))
         .sum()
 }
 

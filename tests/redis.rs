@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisServer, commandstat};
 use sluice::clock::{Clock, ManualClock};
 use sluice::engine::{Code, Decision, Descriptor, Engine, EngineError, EngineSettings, Request};
 use sluice::rules::load_texts;
@@ -248,14 +248,6 @@ async fn admitted_concurrently_with(topology: Topology, alg: &str) -> u64 {
         t.await.unwrap();
     }
     admitted.load(Ordering::Relaxed)
-}
-
-fn commandstat(info: &str, command: &str) -> u64 {
-    info.lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|s| s.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

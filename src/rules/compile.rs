@@ -413,6 +413,22 @@ impl Compiler<'_> {
         }
     }
 
+    /// A field spelled as one of a set of names (`failure_mode`, `mode`); an error if another.
+    fn choice<T: std::str::FromStr<Err = String>>(
+        &mut self,
+        here: &str,
+        field: &str,
+        raw: Option<&str>,
+    ) -> Option<T> {
+        match raw?.parse() {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.error(&format!("{here}.{field}"), e);
+                None
+            }
+        }
+    }
+
     fn rule(
         &mut self,
         raw: &RawDescriptor,
@@ -449,22 +465,8 @@ impl Compiler<'_> {
                 seen.push(name);
             }
         }
-        let failure_mode = match raw.failure_mode.as_deref().map(str::parse) {
-            Some(Err(e)) => {
-                self.error(&format!("{here}.failure_mode"), e);
-                None
-            }
-            Some(Ok(mode)) => Some(mode),
-            None => None,
-        };
-        let mode = match raw.mode.as_deref().map(str::parse) {
-            Some(Err(e)) => {
-                self.error(&format!("{here}.mode"), e);
-                None
-            }
-            Some(Ok(mode)) => Some(mode),
-            None => None,
-        };
+        let failure_mode = self.choice(here, "failure_mode", raw.failure_mode.as_deref());
+        let mode = self.choice(here, "mode", raw.mode.as_deref());
         let unsound = tiers
             .iter()
             .find(|t| !crate::store::lease::leasable(t.limit.algorithm));

@@ -21,8 +21,6 @@
 //! call per request.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,31 +38,10 @@ pub enum Mode {
     Hybrid,
 }
 
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Strict => "strict",
-            Mode::Hybrid => "hybrid",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "strict" => Ok(Self::Strict),
-            "hybrid" => Ok(Self::Hybrid),
-            _ => Err(format!("unknown mode '{s}' (expected strict or hybrid)")),
-        }
-    }
-}
+spelled_enum!(Mode, "mode", {
+    Strict => "strict",
+    Hybrid => "hybrid",
+});
 
 /// Whether a lease can never over-admit with this algorithm (see the module documentation).
 pub fn leasable(algorithm: Algorithm) -> bool {

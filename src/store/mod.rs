@@ -1,6 +1,49 @@
 //! Where limiter state lives. One call, [`Store::apply`], decides a whole request's checks
 //! all-or-nothing: if any enforced check is denied, no check consumes anything.
 
+/// `name()`, `Display` and `FromStr` for an enum of settings spelled in rules and flags
+/// (`failure_mode`, `mode`); an unknown spelling's error lists the choices.
+macro_rules! spelled_enum {
+    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(format!(
+                        "unknown {} '{s}' (expected {})",
+                        $what,
+                        $crate::store::choices(&[$($name),+])
+                    )),
+                }
+            }
+        }
+    };
+}
+
+/// `a, b or c`.
+fn choices(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
 pub mod breaker;
 pub mod key;
 pub mod lease;

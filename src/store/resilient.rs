@@ -3,8 +3,6 @@
 //! default): `allow` (OK), `deny` (OVER_LIMIT), `local` (this node's memory store decides) or
 //! `error` (the call fails with UNAVAILABLE and Envoy's failure_mode_deny decides).
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::sync::Arc;
@@ -27,37 +25,12 @@ pub enum FailureMode {
     Error,
 }
 
-impl FailureMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            FailureMode::Allow => "allow",
-            FailureMode::Deny => "deny",
-            FailureMode::Local => "local",
-            FailureMode::Error => "error",
-        }
-    }
-}
-
-impl fmt::Display for FailureMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for FailureMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "allow" => Ok(Self::Allow),
-            "deny" => Ok(Self::Deny),
-            "local" => Ok(Self::Local),
-            "error" => Ok(Self::Error),
-            _ => Err(format!(
-                "unknown failure mode '{s}' (expected allow, deny, local or error)"
-            )),
-        }
-    }
-}
+spelled_enum!(FailureMode, "failure mode", {
+    Allow => "allow",
+    Deny => "deny",
+    Local => "local",
+    Error => "error",
+});
 
 /// Retry-After for checks denied by the `deny` policy: the backend's state is unknown.
 const POLICY_RETRY_US: u64 = 1_000_000;
@@ -482,6 +455,22 @@ mod tests {
             mode: None,
             until_us: 0,
         }
+    }
+
+    #[test]
+    fn modes_are_spelled_as_in_the_rules() {
+        for mode in [
+            FailureMode::Allow,
+            FailureMode::Deny,
+            FailureMode::Local,
+            FailureMode::Error,
+        ] {
+            assert_eq!(mode.to_string().parse::<FailureMode>(), Ok(mode));
+        }
+        assert_eq!(
+            "allowed".parse::<FailureMode>(),
+            Err("unknown failure mode 'allowed' (expected allow, deny, local or error)".into())
+        );
     }
 
     #[tokio::test]

@@ -47,6 +47,15 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A command's call count in `INFO commandstats` output.
+pub fn commandstat(info: &str, command: &str) -> u64 {
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 impl RedisServer {
     pub fn start() -> Self {
         Self::spawn(false, false)
