@@ -30,9 +30,7 @@ use sluice::store::breaker::Breaker;
 use sluice::store::lease::LeaseTable;
 use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
-use sluice::store::{
-    Check, CheckKind, FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store,
-};
+use sluice::store::{Check, FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store};
 
 const RULES: &str = "domain: load\ndescriptors:\n  - key: over\n    rate_limit: {unit: second, requests_per_unit: 1000}\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
@@ -519,14 +517,8 @@ async fn memory(keys: u64) {
                         let checks: Vec<Check<'_>> = batch_keys
                             .iter()
                             .map(|(k, p)| Check {
-                                key: k,
                                 tag: &k[..*p],
-                                limit: &limit,
-                                hits: 1,
-                                kind: CheckKind::Enforce,
-                                on_failure: None,
-                                mode: None,
-                                until_us: 0,
+                                ..Check::enforce(k, &limit, 1)
                             })
                             .collect();
                         store.apply(&checks).await.unwrap();

@@ -369,16 +369,7 @@ mod tests {
     }
 
     fn check(limit: &Limit) -> Check<'_> {
-        Check {
-            key: b"k",
-            tag: b"k",
-            limit,
-            hits: 1,
-            kind: CheckKind::Enforce,
-            on_failure: None,
-            mode: None,
-            until_us: 0,
-        }
+        Check::enforce(b"k", limit, 1)
     }
 
     fn answer(allowed: bool, remaining: u64, backend_now: u64) -> Outcome {

@@ -93,6 +93,23 @@ pub struct Check<'a> {
     pub until_us: u64,
 }
 
+impl<'a> Check<'a> {
+    /// An enforced check of `hits` on `key` (the key is its own slot tag), with the rule's
+    /// defaults: no failure mode, no mode.
+    pub fn enforce(key: &'a [u8], limit: &'a Limit, hits: u64) -> Self {
+        Self {
+            key,
+            tag: key,
+            limit,
+            hits,
+            kind: CheckKind::Enforce,
+            on_failure: None,
+            mode: None,
+            until_us: 0,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StoreError {
     /// The memory store is at `--max-keys` and cannot track a new counter.

@@ -446,14 +446,8 @@ mod tests {
 
     fn check(limit: &Limit, on_failure: Option<FailureMode>) -> Check<'_> {
         Check {
-            key: b"k",
-            tag: b"k",
-            limit,
-            hits: 1,
-            kind: CheckKind::Enforce,
             on_failure,
-            mode: None,
-            until_us: 0,
+            ..Check::enforce(b"k", limit, 1)
         }
     }
 

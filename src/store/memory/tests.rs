@@ -10,16 +10,7 @@ fn store(max_keys: usize) -> (Arc<ManualClock>, MemoryStore) {
 }
 
 fn check<'a>(key: &'a [u8], limit: &'a Limit, hits: u64) -> Check<'a> {
-    Check {
-        key,
-        tag: key,
-        limit,
-        hits,
-        kind: CheckKind::Enforce,
-        on_failure: None,
-        mode: None,
-        until_us: 0,
-    }
+    Check::enforce(key, limit, hits)
 }
 
 #[test]
