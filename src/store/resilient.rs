@@ -242,20 +242,16 @@ impl<P: Store> Resilient<P> {
                 ..*c
             })
             .collect();
-        let give_backs: Vec<(usize, u64, crate::limiter::Limit, u64)> = asks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| {
-                a.give_back
-                    .map(|(hits, limit, until)| (i, hits, limit, until))
+        // The old leases' leftovers go back in the same call (their limit is the old one).
+        sent.extend(checks.iter().zip(&asks).filter_map(|(c, a)| {
+            let (hits, limit, until_us) = a.give_back.as_ref()?;
+            Some(Check {
+                hits: *hits,
+                limit,
+                kind: CheckKind::Refund,
+                until_us: *until_us,
+                ..*c
             })
-            .collect();
-        sent.extend(give_backs.iter().map(|(i, hits, limit, until)| Check {
-            hits: *hits,
-            limit,
-            kind: CheckKind::Refund,
-            until_us: *until,
-            ..checks[*i]
         }));
         let outcome = match self.backend(&sent).await {
             Ok(o) => o,
