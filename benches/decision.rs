@@ -53,14 +53,7 @@ fn engine(c: &mut Criterion) {
         let rules = load_texts([("bench.yaml", rules.as_str())]).unwrap();
         let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
         let engine = Engine::new(rules, store, EngineSettings::default());
-        let d = |entries: &[(&str, &str)]| Descriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            hits: 1,
-            ..Descriptor::default()
-        };
+        let d = |entries: &[(&str, &str)]| Descriptor::of(entries, 1);
         // 64 clients, so counters spread over shards as in real traffic.
         let requests: Vec<Request> = (0..64)
             .map(|i| Request {

@@ -19,16 +19,7 @@ use tonic::transport::Channel;
 const RULES: &str = "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
 fn request() -> proto::RateLimitRequest {
-    let d = |entries: &[(&str, &str)]| proto::RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| proto::Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    };
+    let d = proto::RateLimitDescriptor::with_entries;
     proto::RateLimitRequest {
         domain: "bench".into(),
         descriptors: vec![

@@ -143,16 +143,7 @@ const HOT_KEY_OVER_LIMIT: u64 = u64::MAX;
 
 /// The request mix: `clients` distinct callers, 3 descriptors each, or one of the hot keys.
 fn request(i: u64, clients: u64) -> proto::RateLimitRequest {
-    let d = |entries: Vec<(&str, String)>| proto::RateLimitDescriptor {
-        entries: entries
-            .into_iter()
-            .map(|(k, v)| proto::Entry {
-                key: k.into(),
-                value: v,
-            })
-            .collect(),
-        ..Default::default()
-    };
+    let d = proto::RateLimitDescriptor::with_entries;
     if clients == HOT_KEY || clients == HOT_KEY_OVER_LIMIT {
         let key = if clients == HOT_KEY {
             "remote_address"
@@ -161,23 +152,19 @@ fn request(i: u64, clients: u64) -> proto::RateLimitRequest {
         };
         return proto::RateLimitRequest {
             domain: "load".into(),
-            descriptors: vec![d(vec![(key, "10.0.0.1".into())])],
+            descriptors: vec![d(&[(key, "10.0.0.1")])],
             hits_addend: 0,
         };
     }
     let client = i % clients;
+    let address = format!("10.0.{}.{}", client / 256, client % 256);
+    let api_key = format!("key-{client}");
     proto::RateLimitRequest {
         domain: "load".into(),
         descriptors: vec![
-            d(vec![(
-                "remote_address",
-                format!("10.0.{}.{}", client / 256, client % 256),
-            )]),
-            d(vec![("api_key", format!("key-{client}"))]),
-            d(vec![
-                ("api_key", format!("key-{client}")),
-                ("path", "/v1/search".into()),
-            ]),
+            d(&[("remote_address", &address)]),
+            d(&[("api_key", &api_key)]),
+            d(&[("api_key", &api_key), ("path", "/v1/search")]),
         ],
         hits_addend: 0,
     }
@@ -416,11 +403,7 @@ async fn fleet(seconds: u64) {
                             sent += 1;
                             let r = Request {
                                 domain: "fleet".into(),
-                                descriptors: vec![Descriptor {
-                                    entries: vec![(key.into(), "hot".into())],
-                                    hits: 1,
-                                    ..Descriptor::default()
-                                }],
+                                descriptors: vec![Descriptor::of(&[(key, "hot")], 1)],
                             };
                             let d = node.decide(&r).await.unwrap();
                             let second =

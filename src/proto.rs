@@ -48,5 +48,21 @@ pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
 pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 pub use envoy::r#type::v3::RateLimitUnit as OverrideUnit;
 
+impl RateLimitDescriptor {
+    /// A descriptor of these `(key, value)` entries and nothing else, as a client sends one.
+    pub fn with_entries(entries: &[(&str, &str)]) -> Self {
+        Self {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                })
+                .collect(),
+            ..Self::default()
+        }
+    }
+}
+
 /// The gRPC service name, as health checks use it.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

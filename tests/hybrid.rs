@@ -74,11 +74,7 @@ fn node(topology: &Topology, clock: &Arc<ManualClock>, rules: &str) -> Node {
 fn hit(key: &str) -> Request {
     Request {
         domain: "h".into(),
-        descriptors: vec![Descriptor {
-            entries: vec![(key.into(), "hot".into())],
-            hits: 1,
-            ..Descriptor::default()
-        }],
+        descriptors: vec![Descriptor::of(&[(key, "hot")], 1)],
     }
 }
 
@@ -345,10 +341,8 @@ async fn a_retried_request_applies_its_refunds_once() {
         clock.advance(MS);
     }
     let entry = |k: &str, hits, refund| Descriptor {
-        entries: vec![(k.into(), "hot".into())],
-        hits,
         refund,
-        ..Descriptor::default()
+        ..Descriptor::of(&[(k, "hot")], hits)
     };
     let mixed = Request {
         domain: "h".into(),

@@ -85,13 +85,8 @@ impl Rng {
 
 fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
     Descriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        hits,
         refund,
-        ..Descriptor::default()
+        ..Descriptor::of(entries, hits)
     }
 }
 

@@ -252,11 +252,7 @@ async fn an_algorithm_change_starts_a_fresh_counter() {
     );
     let req = || sluice::engine::Request {
         domain: "a".into(),
-        descriptors: vec![sluice::engine::Descriptor {
-            entries: vec![("k".into(), "v".into())],
-            hits: 2,
-            ..Default::default()
-        }],
+        descriptors: vec![sluice::engine::Descriptor::of(&[("k", "v")], 2)],
     };
     assert_eq!(
         engine.decide(&req()).await.unwrap().code,

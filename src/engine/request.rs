@@ -21,6 +21,20 @@ pub struct Descriptor {
     pub refund: bool,
 }
 
+impl Descriptor {
+    /// `hits` on these `(key, value)` entries, with no override and no refund.
+    pub fn of(entries: &[(&str, &str)], hits: u64) -> Self {
+        Self {
+            entries: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            hits,
+            ..Self::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitOverride {
     pub requests_per_unit: u32,

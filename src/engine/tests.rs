@@ -36,14 +36,7 @@ fn engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
 }
 
 fn desc(entries: &[(&str, &str)], hits: u64) -> Descriptor {
-    Descriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        hits,
-        ..Descriptor::default()
-    }
+    Descriptor::of(entries, hits)
 }
 
 fn req(descriptors: Vec<Descriptor>) -> Request {

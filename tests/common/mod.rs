@@ -49,16 +49,7 @@ impl TestServer {
 }
 
 pub fn descriptor(entries: &[(&str, &str)]) -> proto::RateLimitDescriptor {
-    proto::RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| proto::Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    }
+    proto::RateLimitDescriptor::with_entries(entries)
 }
 
 pub fn request(
