@@ -26,11 +26,11 @@ use sluice::clock::{Clock, SystemClock};
 use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
 use sluice::limiter::{Algorithm, Limit};
 use sluice::proto::{self, RateLimitServiceClient};
-use sluice::store::breaker::Breaker;
-use sluice::store::lease::LeaseTable;
-use sluice::store::over_limit::OverLimitCache;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
-use sluice::store::{Check, FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store};
+use sluice::store::{
+    BackendConfig, Check, FailureMode, LeaseOptions, MemoryStore, Mode, Stack, Store, StoreConfig,
+    build,
+};
 
 const RULES: &str = "domain: load\ndescriptors:\n  - key: over\n    rate_limit: {unit: second, requests_per_unit: 1000}\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
@@ -111,29 +111,22 @@ fn start_redis(nodes: usize, first_port: u16) -> Redis {
 }
 
 /// The Redis store as `sluice serve` builds it, with `mode` the default mode.
-fn redis_store(topology: Topology, mode: Mode) -> Resilient<RedisStore> {
-    let redis = RedisStore::new(&RedisOptions {
-        topology,
-        pool_size: 8,
-        timeout: Duration::from_millis(50),
-        key_prefix: "sluice:".into(),
-    })
-    .unwrap();
-    let clock = Arc::new(SystemClock);
-    Resilient::new(
-        redis,
-        MemoryStore::new(clock.clone(), 10_000_000),
-        Breaker::new(5, Duration::from_millis(500), clock.clone()),
-        FailureMode::Error,
-    )
-    .with_over_limit_cache(OverLimitCache::new(100_000, clock.clone()))
-    .with_leases(LeaseTable::new(
-        LeaseOptions {
+fn redis_store(topology: Topology, mode: Mode) -> Stack {
+    build(&StoreConfig {
+        failure_mode: FailureMode::Error,
+        leases: LeaseOptions {
             default_mode: mode,
             ..LeaseOptions::default()
         },
-        clock,
-    ))
+        ..StoreConfig::new(BackendConfig::Redis(RedisOptions {
+            topology,
+            pool_size: 8,
+            timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(2),
+            key_prefix: "sluice:".into(),
+        }))
+    })
+    .unwrap()
 }
 
 /// Every request one descriptor on one counter with a limit far above the load.
@@ -372,7 +365,7 @@ async fn fleet(seconds: u64) {
     for key in ["fixed_window", "sliding_window"] {
         for offered in [800.0, 1_000.0, 1_500.0, 3_000.0] {
             cli(redis.1[0], &["FLUSHALL"]);
-            let nodes: Vec<Arc<Engine<Resilient<RedisStore>>>> = (0..4)
+            let nodes: Vec<Arc<Engine<Stack>>> = (0..4)
                 .map(|_| {
                     Arc::new(Engine::new(
                         sluice::rules::load_texts([("fleet.yaml", FLEET_RULES)]).unwrap(),
@@ -448,6 +441,7 @@ async fn memory(keys: u64) {
         topology: Topology::Standalone(format!("redis://127.0.0.1:{port}")),
         pool_size: 8,
         timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
         key_prefix: "sluice:".into(),
     })
     .unwrap();

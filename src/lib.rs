@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod clock;
+pub mod counter;
 pub mod engine;
 pub mod explain;
 pub mod limiter;

@@ -9,18 +9,16 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use sluice::clock::{MonotonicClock, SystemClock};
 use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::metrics::Metrics;
 use sluice::rules::load_path;
 use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
 use sluice::service::HeaderSet;
-use sluice::store::breaker::Breaker;
-use sluice::store::lease::LeaseTable;
-use sluice::store::over_limit::OverLimitCache;
-use sluice::store::redis::{RedisOptions, RedisStore, Topology, redact};
-use sluice::store::{FailureMode, LeaseOptions, MemoryStore, Mode, Resilient, Store};
+use sluice::store::redis::{RedisOptions, Topology, redact};
+use sluice::store::{
+    BackendConfig, BackendObserver, FailureMode, LeaseOptions, Mode, Store, StoreConfig, build,
+};
 
 // glibc's malloc makes the worker threads queue on its arena lock; mimalloc's per-thread heaps
 // raised the load run's throughput by half (BENCHMARKS.md).
@@ -50,7 +48,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Serve ShouldRateLimit on --grpc-addr and /healthcheck, /json on --http-addr.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check rules exactly as `serve` loads them.
     Validate {
         /// A YAML file or a directory of *.yaml / *.yml files.
@@ -127,6 +125,10 @@ struct ServeArgs {
     /// filter timeout is 20ms).
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
     redis_timeout: Duration,
+    /// The most one connection attempt to Redis may take. Connections are made ahead, in the
+    /// background, so requests do not wait for them.
+    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    redis_connect_timeout: Duration,
     /// Prefix of every Redis key (no braces).
     #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
     redis_key_prefix: String,
@@ -205,7 +207,7 @@ fn main() -> ExitCode {
             descriptors,
             redis_key_prefix,
         } => explain(&config, &domain, &descriptors, &redis_key_prefix),
-        Command::Serve(args) => match serve(args) {
+        Command::Serve(args) => match serve(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice: {e:#}");
@@ -338,57 +340,51 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: args.shutdown_grace,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let memory = MemoryStore::new(Arc::new(SystemClock), args.max_keys);
-    let topology = match args.backend {
-        Backend::Memory => None,
-        Backend::Redis => Some(Topology::Standalone(args.redis_url.clone())),
-        Backend::RedisCluster => Some(Topology::Cluster(
-            args.redis_url
-                .split(',')
-                .map(|u| u.trim().to_owned())
-                .collect(),
-        )),
+    let backend = match args.backend {
+        Backend::Memory => BackendConfig::Memory,
+        Backend::Redis | Backend::RedisCluster => BackendConfig::Redis(RedisOptions {
+            topology: match args.backend {
+                Backend::Redis => Topology::Standalone(args.redis_url.clone()),
+                _ => Topology::Cluster(
+                    args.redis_url
+                        .split(',')
+                        .map(|u| u.trim().to_owned())
+                        .collect(),
+                ),
+            },
+            pool_size: args.redis_pool_size,
+            timeout: args.redis_timeout,
+            connect_timeout: args.redis_connect_timeout,
+            key_prefix: args.redis_key_prefix.clone(),
+        }),
+    };
+    if let BackendConfig::Redis(_) = backend {
+        tracing::info!(
+            backend = ?args.backend.to_possible_value().map(|v| v.get_name().to_owned()),
+            url = %redact(&args.redis_url),
+            timeout = ?args.redis_timeout,
+            failure_mode = %args.failure_mode,
+            mode = %args.mode,
+            "using Redis"
+        );
+    }
+    let config = StoreConfig {
+        max_keys: args.max_keys,
+        failure_mode: args.failure_mode,
+        over_limit_cache: args.over_limit_cache,
+        leases: LeaseOptions {
+            default_mode: args.mode,
+            ttl: args.lease_ttl,
+            target: args.lease_target,
+            ..LeaseOptions::default()
+        },
+        observer: Some(metrics as Arc<dyn BackendObserver>),
+        ..StoreConfig::new(backend)
     };
     runtime.block_on(async move {
-        match topology {
-            None => run(options, live, Engine::new(rules, memory, settings)).await,
-            Some(topology) => {
-                tracing::info!(
-                    backend = ?args.backend.to_possible_value().map(|v| v.get_name().to_owned()),
-                    url = %redact(&args.redis_url),
-                    timeout = ?args.redis_timeout,
-                    failure_mode = %args.failure_mode,
-                    mode = %args.mode,
-                    "using Redis"
-                );
-                let redis = RedisStore::new(&RedisOptions {
-                    topology,
-                    pool_size: args.redis_pool_size,
-                    timeout: args.redis_timeout,
-                    key_prefix: args.redis_key_prefix.clone(),
-                })?;
-                let breaker = Breaker::new(5, Duration::from_millis(500), Arc::new(SystemClock));
-                let mut store =
-                    Resilient::new(redis, memory, breaker, args.failure_mode).with_metrics(metrics);
-                if args.over_limit_cache > 0 {
-                    store = store.with_over_limit_cache(OverLimitCache::new(
-                        args.over_limit_cache,
-                        Arc::new(MonotonicClock::new()),
-                    ));
-                }
-                // Leases are kept for rules that ask for them even when the default is strict.
-                store = store.with_leases(LeaseTable::new(
-                    LeaseOptions {
-                        default_mode: args.mode,
-                        ttl: args.lease_ttl,
-                        target: args.lease_target,
-                        ..LeaseOptions::default()
-                    },
-                    Arc::new(MonotonicClock::new()),
-                ));
-                run(options, live, Engine::new(rules, store, settings)).await
-            }
-        }
+        // Inside the runtime: connections to Redis are made ahead, in the background.
+        let store = build(&config)?;
+        run(options, live, Engine::new(rules, store, settings)).await
     })
 }
 

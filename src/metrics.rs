@@ -13,6 +13,7 @@ use prometheus::{
 };
 
 use crate::engine::{Code, Decision, Status};
+use crate::store::{BackendObserver, StoreError};
 
 /// How a call ended, for `sluice_should_rate_limit_total{result}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,10 +327,10 @@ impl Metrics {
     }
 
     /// One call to the backend; `error` names its kind when it failed.
-    pub fn observe_backend(&self, took: Duration, error: Option<&str>) {
+    pub fn observe_backend(&self, took: Duration, error: Option<&StoreError>) {
         self.backend_seconds.observe(took.as_secs_f64());
-        if let Some(kind) = error {
-            self.backend_errors.with_label_values(&[kind]).inc();
+        if let Some(e) = error {
+            self.backend_errors.with_label_values(&[e.label()]).inc();
         }
     }
 
@@ -358,5 +359,11 @@ impl Metrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl BackendObserver for Metrics {
+    fn backend_call(&self, took: Duration, error: Option<&StoreError>) {
+        self.observe_backend(took, error);
     }
 }

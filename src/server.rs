@@ -95,9 +95,12 @@ pub async fn start<S: Store>(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => engine.store().housekeeping(),
+                    _ = tick.tick() => {}
                     _ = stopped.wait_for(|stop| *stop) => return Ok(()),
                 }
+                // CPU-bound (a sweep of every key): off the async workers.
+                let engine = engine.clone();
+                let _ = tokio::task::spawn_blocking(move || engine.store().housekeeping()).await;
             }
         }
     };
@@ -116,7 +119,7 @@ pub async fn start<S: Store>(
                     // Shutting down: stop() owns the health status now.
                     return Ok(());
                 }
-                let ready = engine.store().ready();
+                let ready = engine.store().report().ready();
                 if ready != was_ready {
                     let status = if ready {
                         ServingStatus::Serving
@@ -139,7 +142,7 @@ pub async fn start<S: Store>(
         tokio::spawn(health_watch),
     ];
     // Leases that ran out go back to the shared store soon, not when their window ends.
-    if let Some(every) = engine.store().lease_sweep_every() {
+    if let Some(every) = engine.store().flush_every() {
         let engine = engine.clone();
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(async move {
@@ -150,7 +153,7 @@ pub async fn start<S: Store>(
                     _ = tick.tick() => {}
                     _ = stopped.wait_for(|stop| *stop) => return Ok(()),
                 }
-                engine.store().return_leases(false).await;
+                engine.store().flush(false).await;
             }
         }));
     }
@@ -180,7 +183,7 @@ impl<S: Store> Running<S> {
             task.await.context("server task panicked")??;
         }
         // No call is in flight now: what this node still holds goes back to the fleet.
-        self.engine.store().return_leases(true).await;
+        self.engine.store().flush(true).await;
         tracing::info!("stopped");
         Ok(())
     }

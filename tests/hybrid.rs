@@ -12,15 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer, commandstat, redis_cli};
+use common::redis::{RedisCluster, RedisServer, commandstat, redis_cli, shared_config};
 use sluice::clock::{Clock, ManualClock};
 use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
 use sluice::rules::load_texts;
-use sluice::store::breaker::Breaker;
-use sluice::store::lease::LeaseTable;
-use sluice::store::over_limit::OverLimitCache;
-use sluice::store::redis::{RedisOptions, RedisStore, Topology};
-use sluice::store::{FailureMode, LeaseOptions, MemoryStore, Resilient};
+use sluice::store::redis::Topology;
+use sluice::store::{Clocks, FailureMode, LeaseOptions, Stack, Store, StoreConfig, build};
 
 const S: u64 = 1_000_000;
 const MS: u64 = 1_000;
@@ -43,27 +40,19 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0}
 "#;
 
-type Node = Arc<Engine<Resilient<RedisStore>>>;
+type Node = Arc<Engine<Stack>>;
 
 fn node(topology: &Topology, clock: &Arc<ManualClock>, rules: &str) -> Node {
-    let redis = RedisStore::new(&RedisOptions {
-        topology: topology.clone(),
-        pool_size: 2,
-        timeout: Duration::from_secs(5),
-        key_prefix: "sluice:".into(),
-    })
-    .unwrap()
-    .with_pinned_clock(clock.clone());
-    let store = Resilient::new(
-        redis,
-        MemoryStore::new(clock.clone(), 1_000),
-        Breaker::new(5, Duration::from_secs(1), clock.clone()),
+    // As `sluice serve` builds it (over-limit cache and leases on), on one manual clock.
+    let store = build(&StoreConfig {
+        max_keys: 1_000,
         // Nothing may be decided by a fallback here: an outage would fail the test.
-        FailureMode::Error,
-    )
-    // As `sluice serve` runs it: denials Redis gave are answered locally until they can fit.
-    .with_over_limit_cache(OverLimitCache::new(1_000, clock.clone()))
-    .with_leases(LeaseTable::new(LeaseOptions::default(), clock.clone()));
+        failure_mode: FailureMode::Error,
+        over_limit_cache: 1_000,
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(topology.clone(), Duration::from_secs(5))
+    })
+    .unwrap();
     Arc::new(Engine::new(
         load_texts([("h.yaml", rules)]).unwrap(),
         store,
@@ -210,14 +199,14 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    let held = a.store().leases().unwrap().held();
+    let held = a.store().report().lease_hits_held.unwrap();
     assert!(held > 0, "a lease is held");
     assert_eq!(count(), used + held, "leased hits are counted in Redis");
 
     // Expiry: after the lease's lifetime the sweep gives the leftover back, in the same window.
     clock.advance(LeaseOptions::default().ttl.as_micros() as u64);
-    a.store().return_leases(false).await;
-    assert_eq!(a.store().leases().unwrap().held(), 0);
+    a.store().flush(false).await;
+    assert_eq!(a.store().report().lease_hits_held.unwrap(), 0);
     assert_eq!(count(), used, "only what was admitted stays counted");
 
     // Shutdown: everything still held goes back (what `Running::stop` does).
@@ -226,8 +215,8 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    assert!(a.store().leases().unwrap().held() > 0);
-    a.store().return_leases(true).await;
+    assert!(a.store().report().lease_hits_held.unwrap() > 0);
+    a.store().flush(true).await;
     assert_eq!(count(), used);
 
     // A dead node cannot say how much of its lease it used, so its lease stays counted until
@@ -237,7 +226,7 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    let held = a.store().leases().unwrap().held();
+    let held = a.store().report().lease_hits_held.unwrap();
     assert!(held > 0);
     drop(a);
     let mut admitted_by_b = 0;
@@ -285,7 +274,7 @@ async fn a_reload_never_lets_an_old_lease_admit_under_the_new_limit() {
         assert_eq!(admitted, 60);
         let held: u64 = nodes
             .iter()
-            .map(|n| n.store().leases().unwrap().held())
+            .map(|n| n.store().report().lease_hits_held.unwrap())
             .sum();
         assert!(held > 0);
         // The limit drops to 50: already 60 admitted, so nothing more in this window, even
@@ -314,7 +303,7 @@ async fn a_reload_never_lets_an_old_lease_admit_under_the_new_limit() {
         assert!(admitted + more <= 100, "{admitted} + {more}");
         let still_held: u64 = nodes
             .iter()
-            .map(|n| n.store().leases().unwrap().held())
+            .map(|n| n.store().report().lease_hits_held.unwrap())
             .sum();
         assert_eq!(
             admitted + more + still_held,

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer, commandstat};
-use sluice::clock::{Clock, ManualClock};
+use common::redis::{RedisCluster, RedisServer, commandstat, shared_config};
+use sluice::clock::ManualClock;
 use sluice::engine::{Code, Decision, Descriptor, Engine, EngineError, EngineSettings, Request};
 use sluice::rules::load_texts;
-use sluice::store::breaker::Breaker;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
-use sluice::store::{FailureMode, MemoryStore, Resilient, Store};
+use sluice::store::{
+    BackendConfig, BreakerOptions, Clocks, FailureMode, LeaseOptions, MemoryStore, Mode, Stack, Store,
+    StoreConfig, build,
+};
 
 const S: u64 = 1_000_000;
 
@@ -54,6 +56,7 @@ fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
         topology,
         pool_size: 4,
         timeout,
+        connect_timeout: Duration::from_secs(2),
         key_prefix: "sluice:".into(),
     })
     .unwrap()
@@ -111,7 +114,35 @@ fn random_request(rng: &mut Rng) -> Request {
     }
 }
 
-/// Drives the same random sequence through memory and Redis at the same (manual) times.
+/// The production stack on one manual clock: the over-limit cache on, every leasable rule in
+/// hybrid mode, and no fallback (an outage would fail the test).
+fn stack_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<Stack> {
+    let mut config = shared_config(topology, Duration::from_secs(5));
+    if let BackendConfig::Redis(redis) = &mut config.backend {
+        // Its own counters, beside the plain Redis engine's in the same database.
+        redis.key_prefix = "stack:".into();
+    }
+    let store = build(&StoreConfig {
+        failure_mode: FailureMode::Error,
+        over_limit_cache: 10_000,
+        leases: LeaseOptions {
+            default_mode: Mode::Hybrid,
+            ..LeaseOptions::default()
+        },
+        clocks: Clocks::pinned(clock.clone()),
+        ..config
+    })
+    .unwrap();
+    Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    )
+}
+
+/// Drives the same random sequence through memory, Redis, and the production stack on Redis
+/// (over-limit cache and leases on) at the same (manual) times: every decision and every
+/// status must be identical.
 async fn differential(topology: Topology, seed: u64, steps: usize) {
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
     let memory = Engine::new(
@@ -119,7 +150,8 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
         MemoryStore::new(clock.clone(), 100_000),
         EngineSettings::default(),
     );
-    let redis = pinned_engine(topology, &clock);
+    let redis = pinned_engine(topology.clone(), &clock);
+    let stack = stack_engine(topology, &clock);
     let mut rng = Rng(seed);
     let (mut over, mut ok) = (0, 0);
     for step in 0..steps {
@@ -133,6 +165,11 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
         let want: Decision = memory.decide(&request).await.unwrap();
         let got: Decision = redis.decide(&request).await.unwrap();
         assert_eq!(got, want, "seed {seed} step {step}: {request:?}");
+        let layered: Decision = stack.decide(&request).await.unwrap();
+        assert_eq!(
+            layered, want,
+            "stack, seed {seed} step {step}: {request:?}"
+        );
         if want.code == Code::OverLimit {
             over += 1;
         } else {
@@ -293,18 +330,17 @@ async fn one_script_call_per_slot_group() {
     assert!((10..=30).contains(&calls), "{calls}");
 }
 
-fn resilient_engine(
-    url: String,
-    mode: FailureMode,
-    timeout: Duration,
-) -> Arc<Engine<Resilient<RedisStore>>> {
-    let clock: Arc<dyn Clock> = Arc::new(sluice::clock::SystemClock);
-    let store = Resilient::new(
-        redis_store(Topology::Standalone(url), timeout),
-        MemoryStore::new(clock.clone(), 10_000),
-        Breaker::new(3, Duration::from_millis(200), clock),
-        mode,
-    );
+fn resilient_engine(url: String, mode: FailureMode, timeout: Duration) -> Arc<Engine<Stack>> {
+    let store = build(&StoreConfig {
+        max_keys: 10_000,
+        failure_mode: mode,
+        breaker: BreakerOptions {
+            threshold: 3,
+            cooldown: Duration::from_millis(200),
+        },
+        ..shared_config(Topology::Standalone(url), timeout)
+    })
+    .unwrap();
     let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: local_only\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     Arc::new(Engine::new(
         load_texts([("f.yaml", rules)]).unwrap(),
@@ -385,7 +421,7 @@ async fn redis_outage_applies_the_policy_and_recovers() {
         "{:?}",
         started.elapsed()
     );
-    assert!(!engines[0].1.store().backend_up());
+    assert!(!engines[0].1.store().report().backend_up());
 
     redis.restart();
     for (mode, e) in &engines {
@@ -399,7 +435,7 @@ async fn redis_outage_applies_the_policy_and_recovers() {
             };
             let _ = e.decide(&own).await;
             let after: u64 = redis.cli(&["DBSIZE"]).trim().parse().unwrap();
-            if e.store().backend_up() && after > before {
+            if e.store().report().backend_up() && after > before {
                 break;
             }
             assert!(
@@ -472,7 +508,7 @@ async fn outage_under_concurrent_load() {
     let back = Instant::now();
     // Traffic reaches Redis again within a second.
     loop {
-        if redis.cli(&["DBSIZE"]).trim() != "0" && engine.store().backend_up() {
+        if redis.cli(&["DBSIZE"]).trim() != "0" && engine.store().report().backend_up() {
             break;
         }
         assert!(
@@ -713,17 +749,16 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_counters_are_answered_locally_until_they_fit() {
-    use sluice::store::over_limit::OverLimitCache;
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = Resilient::new(
-        redis_store(Topology::Standalone(redis.url()), Duration::from_secs(5))
-            .with_pinned_clock(clock.clone()),
-        MemoryStore::new(clock.clone(), 100),
-        Breaker::new(5, Duration::from_secs(1), clock.clone()),
-        FailureMode::Error,
-    )
-    .with_over_limit_cache(OverLimitCache::new(100, clock.clone()));
+    let store = build(&StoreConfig {
+        max_keys: 100,
+        failure_mode: FailureMode::Error,
+        over_limit_cache: 100,
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
+    })
+    .unwrap();
     let rules = "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
     let engine = Engine::new(
         load_texts([("o.yaml", rules)]).unwrap(),
@@ -754,7 +789,8 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
     // A probe still asks Redis (it asks for nothing, so no denial applies to it).
     assert_eq!(engine.decide(&hot(0)).await.unwrap().code, Code::Ok);
     assert_eq!(evalsha(), calls + 1);
-    // With another descriptor: one call that only looks at it; nothing is consumed.
+    // With another descriptor: Redis decides the whole request, so every status is its own
+    // (the other at its real hits, as memory reports it); the denied batch consumes nothing.
     let both = Request {
         domain: "o".into(),
         descriptors: vec![
@@ -774,8 +810,8 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
     assert_eq!(engine.decide(&hot(1)).await.unwrap().code, Code::Ok);
     assert_eq!(evalsha(), calls + 3);
     assert_eq!(
-        engine.store().over_limit_cache().unwrap().len(),
-        0,
+        engine.store().report().cached_denials,
+        Some(0),
         "an allowed counter is forgotten"
     );
 }

@@ -130,11 +130,11 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
         return (StatusCode::NOT_FOUND, "metrics are off\n").into_response();
     };
     let engine = state.service.engine();
-    let store = engine.store();
+    let status = engine.store().report();
     let gauges = Gauges {
-        keys_in_memory: store.keys_in_memory(),
-        breaker_state: store.breaker_state(),
-        lease_hits_held: store.lease_hits_held(),
+        keys_in_memory: status.keys_in_memory,
+        breaker_state: status.breaker.map(|b| b.gauge()),
+        lease_hits_held: status.lease_hits_held,
         rules_loaded: engine.rules().rule_count(),
         last_reload_unix: state
             .reloader
@@ -156,7 +156,7 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
 
 /// Readiness: serving, and the backend up or a failure policy that answers without it.
 async fn readyz<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    let store = state.service.engine().store();
+    let store = state.service.engine().store().report();
     if !state.serving.load(Ordering::Acquire) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -13,7 +13,6 @@ pub use request::{
     Bounds, Code, Decision, Descriptor, LimitOverride, ReportedLimit, Request, Status, StatusStats,
 };
 
-use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit, Verdict};
 use crate::rules::{Domain, KeyPart, PlanSource, Rule, RuleSet, Tier};
 use crate::store::{Check, CheckKind, KeyBuf, Outcome, Store, StoreError};
@@ -68,8 +67,8 @@ struct Planned<'r> {
     tag: Range<usize>,
     /// Index of the check that carries it (repeats of one counter share a check).
     check: usize,
-    on_failure: Option<crate::store::FailureMode>,
-    mode: Option<crate::store::Mode>,
+    on_failure: Option<crate::counter::FailureMode>,
+    mode: Option<crate::counter::Mode>,
     kind: CheckKind,
     hits: u64,
 }
@@ -406,11 +405,13 @@ fn override_tier(
     let algorithm = rule
         .and_then(|r| r.tiers.first())
         .map_or(Algorithm::FixedWindow, |t| t.limit.algorithm);
-    let period_us = o.unit.seconds() * u64::from(o.unit_multiplier) * MICROS_PER_SECOND;
-    let limit =
-        Limit::new(algorithm, u64::from(o.requests_per_unit), period_us, None).map_err(|e| {
-            EngineError::Invalid(format!("descriptor {descriptor}: limit override: {e}"))
-        })?;
+    let invalid = |e: &dyn std::fmt::Display| {
+        EngineError::Invalid(format!("descriptor {descriptor}: limit override: {e}"))
+    };
+    let period_us =
+        crate::counter::period_us(o.unit, o.unit_multiplier).map_err(|e| invalid(&e))?;
+    let limit = Limit::new(algorithm, u64::from(o.requests_per_unit), period_us, None)
+        .map_err(|e| invalid(&e))?;
     Ok(Tier {
         name: None,
         unit: o.unit,

@@ -6,7 +6,6 @@ use super::parse::{RawDescriptor, RawLimit, RawPlan, parse};
 use super::{
     Domain, KeyBranch, Level, Node, Pattern, Plan, PlanRef, PlanSource, Rule, RuleError, Tier, Unit,
 };
-use crate::clock::MICROS_PER_SECOND;
 use crate::limiter::{Algorithm, Limit};
 
 /// Deepest descriptor nesting: a request carries at most 32 entries by default.
@@ -469,8 +468,8 @@ impl Compiler<'_> {
         let mode = self.choice(here, "mode", raw.mode.as_deref());
         let unsound = tiers
             .iter()
-            .find(|t| !crate::store::lease::leasable(t.limit.algorithm));
-        if let (Some(crate::store::Mode::Hybrid), Some(tier)) = (mode, unsound) {
+            .find(|t| !crate::counter::leasable(t.limit.algorithm));
+        if let (Some(crate::counter::Mode::Hybrid), Some(tier)) = (mode, unsound) {
             self.error(
                 &format!("{here}.mode"),
                 format!(
@@ -551,15 +550,14 @@ impl Compiler<'_> {
             },
         };
         let unit_multiplier = raw.unit_multiplier.unwrap_or(1);
-        if unit_multiplier == 0 {
-            self.error(
-                &format!("{at}.unit_multiplier"),
-                "unit_multiplier must be at least 1".into(),
-            );
-            return None;
-        }
+        let period_us = match crate::counter::period_us(unit, unit_multiplier) {
+            Ok(p) => p,
+            Err(e) => {
+                self.error(&format!("{at}.unit_multiplier"), e.to_string());
+                return None;
+            }
+        };
         let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
-        let period_us = unit.seconds() * u64::from(unit_multiplier) * MICROS_PER_SECOND;
         match Limit::new(
             algorithm,
             u64::from(requests_per_unit),

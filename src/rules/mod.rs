@@ -12,16 +12,15 @@ mod load;
 mod parse;
 mod pattern;
 pub mod reload;
-mod unit;
 
 use std::collections::HashMap;
 use std::fmt;
 
+pub use crate::counter::{KeyPart, Unit};
 pub use compile::{FileErrors, compile_file};
 pub use load::{load_path, load_texts};
 pub use parse::schema;
 pub use pattern::Pattern;
-pub use unit::Unit;
 
 use crate::limiter::Limit;
 
@@ -160,9 +159,9 @@ pub struct Rule {
     pub value_to_metric: bool,
     pub quota_mode: bool,
     /// What to answer when the shared backend cannot (None: the server's default).
-    pub failure_mode: Option<crate::store::FailureMode>,
+    pub failure_mode: Option<crate::counter::FailureMode>,
     /// `strict` or `hybrid` (None: the server's default).
-    pub mode: Option<crate::store::Mode>,
+    pub mode: Option<crate::counter::Mode>,
     /// The entry key whose value picks the Redis Cluster slot (None: the whole descriptor).
     pub hash_tag: Option<String>,
     /// The limits come from the caller's plan (then `tiers` is empty).
@@ -179,15 +178,6 @@ pub struct Tier {
     pub requests_per_unit: u32,
     pub limit: Limit,
     pub replaces: Vec<String>,
-}
-
-/// How a matched level's value goes into the counter's identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyPart<'a> {
-    /// The request's own value: each value has its own counter.
-    Value(&'a str),
-    /// `share_threshold`: the pattern, shared by every value it matches.
-    Pattern(&'a str),
 }
 
 /// How a request entry matched a rule level.

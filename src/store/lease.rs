@@ -9,7 +9,7 @@
 //! computed from the time the request was sent, so it falls before the window's end in Redis).
 //! That holds for `fixed_window` and `sliding_window` (a hit charged early in the current
 //! window counts exactly as one charged later in it). It does not hold for the others, which
-//! stay strict under `mode: hybrid`:
+//! stay strict under `mode: hybrid` (see `counter::leasable`):
 //! - the buckets (token_bucket, leaky_bucket, gcra) keep draining while the slice sits unused,
 //!   so Redis would hand the drained room to other nodes and the fleet could exceed the burst by
 //!   up to rate × lease lifetime; reserving that drain up front costs as much as the lease saves;
@@ -19,34 +19,18 @@
 //! own recent rate for the counter (`target` of its traffic), at most double the last one, and
 //! never more than a quarter of what remains, so near the limit a node falls back to one backend
 //! call per request.
+//!
+//! [`LeaseTable`] is the bookkeeping (sharded, so threads do not queue on one lock);
+//! [`Leases`] is the store layer that uses it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Check, CheckKind, Outcome};
+use super::sharded::{SHARDS, Sharded};
+use super::{Check, CheckKind, Mode, Outcome, Store, StoreError, StoreStatus};
 use crate::clock::Clock;
-use crate::limiter::{Algorithm, Limit, Verdict};
-
-/// How a rule's counters are decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// One backend call per request: every decision is exact.
-    #[default]
-    Strict,
-    /// Leases of quota, decided locally (see the module documentation).
-    Hybrid,
-}
-
-spelled_enum!(Mode, "mode", {
-    Strict => "strict",
-    Hybrid => "hybrid",
-});
-
-/// Whether a lease can never over-admit with this algorithm (see the module documentation).
-pub fn leasable(algorithm: Algorithm) -> bool {
-    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
-}
+use crate::counter::leasable;
+use crate::limiter::{Limit, Verdict};
 
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseOptions {
@@ -56,7 +40,8 @@ pub struct LeaseOptions {
     pub ttl: Duration,
     /// A lease covers about this much of the node's recent traffic for its counter.
     pub target: Duration,
-    /// Counters with lease state at most; beyond it new counters are strict.
+    /// Counters with lease state at most (rounded up to a whole number per shard); beyond it
+    /// new counters are strict.
     pub max_entries: usize,
 }
 
@@ -136,7 +121,8 @@ impl Returned {
 }
 
 pub struct LeaseTable {
-    entries: Mutex<HashMap<Box<[u8]>, Lease>>,
+    entries: Sharded<Lease>,
+    max_per_shard: usize,
     options: LeaseOptions,
     clock: Arc<dyn Clock>,
 }
@@ -144,7 +130,8 @@ pub struct LeaseTable {
 impl LeaseTable {
     pub fn new(options: LeaseOptions, clock: Arc<dyn Clock>) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
+            entries: Sharded::new(),
+            max_per_shard: options.max_entries.div_ceil(SHARDS),
             options,
             clock,
         }
@@ -158,10 +145,6 @@ impl LeaseTable {
         &self.options
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, Lease>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Whether this check may be decided from a lease.
     pub fn is_hybrid(&self, c: &Check<'_>) -> bool {
         c.kind == CheckKind::Enforce
@@ -172,7 +155,10 @@ impl LeaseTable {
 
     /// Hits held in leases now (metrics, tests).
     pub fn held(&self) -> u64 {
-        self.lock().values().map(|l| l.left).sum()
+        let mut held = 0u64;
+        self.entries
+            .for_each_shard(|m| held = m.values().fold(held, |h, l| h.saturating_add(l.left)));
+        held
     }
 
     /// Decides the whole batch from leases, if every check is hybrid and its lease is live and
@@ -181,9 +167,10 @@ impl LeaseTable {
         if !checks.iter().all(|c| self.is_hybrid(c)) {
             return None;
         }
-        let mut entries = self.lock();
-        let fits = checks.iter().all(|c| {
-            entries
+        // Every shard of the batch at once, so the batch is all-or-nothing.
+        let (mut guards, shard) = self.entries.lock_all(checks.iter().map(|c| c.key));
+        let fits = checks.iter().zip(&shard).all(|(c, &s)| {
+            guards[s]
                 .get(c.key)
                 .is_some_and(|l| l.limit == *c.limit && now < l.use_until_us && l.left >= c.hits)
         });
@@ -192,8 +179,9 @@ impl LeaseTable {
         }
         let verdicts = checks
             .iter()
-            .map(|c| {
-                let l = entries.get_mut(c.key).expect("checked above");
+            .zip(&shard)
+            .map(|(c, &s)| {
+                let l = guards[s].get_mut(c.key).expect("checked above");
                 l.left -= c.hits;
                 l.used_since_call += c.hits;
                 Verdict {
@@ -210,13 +198,13 @@ impl LeaseTable {
     /// What to ask the backend for each check: a lease sized from the node's recent rate, and
     /// the current lease's leftover back (it is replaced by the new one).
     pub fn plan(&self, checks: &[Check<'_>], now: u64) -> Vec<Ask> {
-        let mut entries = self.lock();
         checks
             .iter()
             .map(|c| {
                 if !self.is_hybrid(c) {
                     return Ask::default();
                 }
+                let mut entries = self.entries.lock(c.key);
                 let Some(l) = entries.get_mut(c.key) else {
                     return Ask::default();
                 };
@@ -253,7 +241,6 @@ impl LeaseTable {
         outcome: &Outcome,
         sent_at: u64,
     ) -> Vec<Verdict> {
-        let mut entries = self.lock();
         let mut verdicts = outcome.verdicts[..checks.len()].to_vec();
         for (i, c) in checks.iter().enumerate() {
             if !self.is_hybrid(c) {
@@ -262,7 +249,8 @@ impl LeaseTable {
             let Some(&backend_now) = outcome.backend_now_us.get(i) else {
                 continue;
             };
-            if !entries.contains_key(c.key) && entries.len() >= self.options.max_entries {
+            let mut entries = self.entries.lock(c.key);
+            if !entries.contains_key(c.key) && entries.len() >= self.max_per_shard {
                 // Full: this counter stays strict until the sweep forgets idle ones (a scan
                 // here would cost every new counter the whole table).
                 continue;
@@ -323,27 +311,28 @@ impl LeaseTable {
     pub fn take_leftovers(&self, all: bool) -> Vec<Returned> {
         let now = self.now();
         let stale = self.stale_after();
-        let mut entries = self.lock();
         let mut out = Vec::new();
-        entries.retain(|key, l| {
-            if l.left > 0 && (all || now >= l.use_until_us) {
-                out.push(Returned {
-                    key: key.clone(),
-                    tag: l.tag.clone(),
-                    limit: l.limit,
-                    hits: l.left,
-                    until_us: l.window_end_us,
-                });
-                l.left = 0;
-            }
-            l.left > 0 || now < l.last_call_us + stale
+        self.entries.for_each_shard(|entries| {
+            entries.retain(|key, l| {
+                if l.left > 0 && (all || now >= l.use_until_us) {
+                    out.push(Returned {
+                        key: key.clone(),
+                        tag: l.tag.clone(),
+                        limit: l.limit,
+                        hits: l.left,
+                        until_us: l.window_end_us,
+                    });
+                    l.left = 0;
+                }
+                l.left > 0 || now < l.last_call_us.saturating_add(stale)
+            })
         });
         out
     }
 
     /// Counters with lease state.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -351,10 +340,132 @@ impl LeaseTable {
     }
 }
 
+/// The layer: hybrid checks are decided from leases when they hold enough, else by one call to
+/// the inner store that also takes new leases (and gives the old leftovers back). Strict
+/// batches pass straight through. A backend failure is returned as it is: the failure policy
+/// outside decides the request's own checks.
+pub struct Leases<S> {
+    inner: S,
+    table: LeaseTable,
+}
+
+impl<S: Store> Leases<S> {
+    pub fn new(inner: S, table: LeaseTable) -> Self {
+        Self { inner, table }
+    }
+
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    pub fn table(&self) -> &LeaseTable {
+        &self.table
+    }
+
+    async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        let leases = &self.table;
+        let now = leases.now();
+        if let Some(verdicts) = leases.decide_locally(checks, now) {
+            return Ok(Outcome {
+                allowed: true,
+                verdicts,
+                by_policy: false,
+                backend_now_us: Vec::new(),
+            });
+        }
+        let asks = leases.plan(checks, now);
+        let mut sent: Vec<Check<'_>> = checks
+            .iter()
+            .zip(&asks)
+            .map(|(c, a)| Check {
+                hits: c.hits.saturating_add(a.extra),
+                ..*c
+            })
+            .collect();
+        // The old leases' leftovers go back in the same call (their limit is the old one).
+        sent.extend(checks.iter().zip(&asks).filter_map(|(c, a)| {
+            let (hits, limit, until_us) = a.give_back.as_ref()?;
+            Some(Check {
+                hits: *hits,
+                limit,
+                kind: CheckKind::Refund,
+                until_us: *until_us,
+                ..*c
+            })
+        }));
+        let outcome = self.inner.apply(&sent).await?;
+        let asked = asks.iter().any(|a| a.extra > 0);
+        if outcome.allowed || !asked {
+            let verdicts = leases.learn(checks, &asks, &outcome, now);
+            let mut backend_now_us = outcome.backend_now_us;
+            backend_now_us.truncate(checks.len());
+            return Ok(Outcome {
+                allowed: outcome.allowed,
+                verdicts,
+                by_policy: outcome.by_policy,
+                backend_now_us,
+            });
+        }
+        // The leases did not fit: the request alone, exactly. Every refund (the request's own
+        // and the old leases') was applied by the first call: now they only look.
+        let alone: Vec<Check<'_>> = checks
+            .iter()
+            .map(|c| match c.kind {
+                CheckKind::Refund => Check { hits: 0, ..*c },
+                _ => *c,
+            })
+            .collect();
+        let outcome = self.inner.apply(&alone).await?;
+        let verdicts = leases.learn(checks, &[], &outcome, now);
+        Ok(Outcome {
+            verdicts,
+            ..outcome
+        })
+    }
+}
+
+impl<S: Store> Store for Leases<S> {
+    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        if checks.iter().any(|c| self.table.is_hybrid(c)) {
+            self.apply_hybrid(checks).await
+        } else {
+            self.inner.apply(checks).await
+        }
+    }
+
+    fn housekeeping(&self) {
+        self.inner.housekeeping();
+    }
+
+    /// Gives back the leftovers of leases that ran out (all of them when the node stops).
+    async fn flush(&self, all: bool) {
+        let returned = self.table.take_leftovers(all);
+        if !returned.is_empty() {
+            let checks: Vec<Check<'_>> = returned.iter().map(Returned::check).collect();
+            if let Err(e) = self.inner.apply(&checks).await {
+                // They stay counted until their window ends: under-admission, never more.
+                tracing::debug!(error = %e, leases = checks.len(), "could not give leases back");
+            }
+        }
+        self.inner.flush(all).await;
+    }
+
+    fn flush_every(&self) -> Option<Duration> {
+        // A few times per lease lifetime, so leftovers go back soon after they run out.
+        Some(self.table.options().ttl / 4)
+    }
+
+    fn status(&self, status: &mut StoreStatus) {
+        self.inner.status(status);
+        status.lease_hits_held = Some(self.table.held());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::limiter::Algorithm;
 
     const S: u64 = 1_000_000;
 
@@ -519,24 +630,21 @@ mod tests {
             clock.clone(),
         );
         let limit = Limit::new(Algorithm::FixedWindow, 1_000, 60 * S, None).unwrap();
-        let a = check(&limit);
-        let b = Check {
-            key: b"other",
-            ..check(&limit)
-        };
-        t.learn(
-            &[a],
-            &[Ask::default()],
-            &answer(true, 999, 100 * S),
-            100 * S,
-        );
-        t.learn(
-            &[b],
-            &[Ask::default()],
-            &answer(true, 999, 100 * S),
-            100 * S,
-        );
-        assert_eq!(t.len(), 1, "bounded");
+        // The bound is per shard (rounded up): at most one counter in each.
+        let keys: Vec<Vec<u8>> = (0..1_000u32).map(|i| i.to_be_bytes().to_vec()).collect();
+        for key in &keys {
+            let c = Check {
+                key,
+                ..check(&limit)
+            };
+            t.learn(
+                &[c],
+                &[Ask::default()],
+                &answer(true, 999, 100 * S),
+                100 * S,
+            );
+        }
+        assert!(t.len() <= SHARDS, "bounded: {}", t.len());
         clock.advance(10 * t.options().ttl.as_micros() as u64);
         assert!(t.take_leftovers(false).is_empty());
         assert_eq!(t.len(), 0, "idle counters are forgotten");

@@ -1,13 +1,21 @@
 //! State in this process: a sharded map, one mutex per shard, no global lock. A batch locks the
 //! shards it touches in ascending order (so two batches never deadlock), decides every check,
 //! then commits all or nothing before unlocking.
+//!
+//! Each shard keeps an expiry index (a min-heap of when its keys empty), so a store at
+//! `max_keys` reclaims expired keys in O(log n) each — from a rotating walk over the shards'
+//! heap tops, with a hint that skips the walk while nothing can have expired — instead of
+//! sweeping every key per request. Checks of zero hits never create a key. The full sweep runs
+//! from `housekeeping`, which the server calls on a blocking thread.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Check, CheckKind, Outcome, Store, StoreError};
+use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
 use crate::clock::Clock;
 use crate::limiter::{self, State, Update, Verdict};
 
@@ -21,7 +29,63 @@ struct Entry {
     expires_at_us: u64,
 }
 
-type Shard = hashbrown::HashTable<Entry>;
+/// A shard's keys and its expiry index: `(expires_at_us, hash)` per key, pushed when the key
+/// is created. A key whose expiry moved later is pushed again when its old item comes up; an
+/// item whose key is gone is dropped then.
+#[derive(Default)]
+struct Shard {
+    table: hashbrown::HashTable<Entry>,
+    expiry: BinaryHeap<Reverse<(u64, u64)>>,
+}
+
+impl Shard {
+    /// When its earliest key may empty (u64::MAX: none).
+    fn next_expiry(&self) -> u64 {
+        self.expiry.peek().map_or(u64::MAX, |Reverse((at, _))| *at)
+    }
+
+    /// Forgets up to `budget` keys that are empty by `now`, from the index. Returns how many.
+    fn reclaim(&mut self, now: u64, budget: &mut usize) -> usize {
+        let mut dropped = 0;
+        while *budget > 0 {
+            let Some(&Reverse((at, hash))) = self.expiry.peek() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            self.expiry.pop();
+            *budget -= 1;
+            match self.table.find_entry(hash, |e| e.hash == hash) {
+                Ok(entry) if entry.get().expires_at_us <= now => {
+                    entry.remove();
+                    dropped += 1;
+                }
+                // Its state moved on: index it at its new expiry.
+                Ok(entry) => self.expiry.push(Reverse((entry.get().expires_at_us, hash))),
+                Err(_) => {}
+            }
+        }
+        dropped
+    }
+
+    /// Forgets every key empty by `now`, and rebuilds the index when stale items dominate it.
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.table.len();
+        self.table.retain(|e| e.expires_at_us > now);
+        if self.expiry.len() > 2 * self.table.len() + 16 {
+            self.expiry = self
+                .table
+                .iter()
+                .map(|e| Reverse((e.expires_at_us, e.hash)))
+                .collect();
+        }
+        before - self.table.len()
+    }
+}
+
+/// Most index items one request pops when the store is full.
+const RECLAIM_BUDGET: usize = 64;
 
 /// One check's place during a batch.
 struct Slot {
@@ -38,7 +102,7 @@ fn shard_index(hash: u64) -> usize {
 }
 
 fn find<'a>(shard: &'a Shard, key: &[u8], hash: u64) -> Option<&'a Entry> {
-    shard.find(hash, |e| *e.key == *key)
+    shard.table.find(hash, |e| *e.key == *key)
 }
 
 pub struct MemoryStore {
@@ -47,6 +111,11 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     max_keys: usize,
     keys: AtomicUsize,
+    /// Where the next reclaiming walk starts.
+    reclaim_cursor: AtomicUsize,
+    /// No key can be empty before this (the earliest heap top the last fruitless walk saw):
+    /// a full store under a flood of new keys does not walk the shards per request.
+    nothing_expires_before_us: AtomicU64,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -69,11 +138,13 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             clock,
             max_keys,
             keys: AtomicUsize::new(0),
+            reclaim_cursor: AtomicUsize::new(0),
+            nothing_expires_before_us: AtomicU64::new(0),
         }
     }
 
@@ -91,26 +162,56 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         let mut dropped = 0;
         for shard in self.shards.iter() {
-            dropped += sweep_shard(&mut lock(shard), now);
+            dropped += lock(shard).sweep(now);
         }
         self.keys.fetch_sub(dropped, Ordering::Relaxed);
+        self.nothing_expires_before_us.store(0, Ordering::Relaxed);
         dropped
+    }
+
+    /// Frees room for `needed` keys from the expiry indexes: a walk over the shards from a
+    /// rotating start, one lock at a time, popping at most `RECLAIM_BUDGET` items in all.
+    /// Bounded work whatever the store holds. Returns whether anything was freed.
+    fn reclaim(&self, needed: usize) -> bool {
+        let now = self.clock.now_micros();
+        if now < self.nothing_expires_before_us.load(Ordering::Relaxed) {
+            return false;
+        }
+        let start = self.reclaim_cursor.fetch_add(1, Ordering::Relaxed);
+        let mut budget = RECLAIM_BUDGET.max(needed);
+        let mut freed = 0;
+        let mut earliest = u64::MAX;
+        for i in 0..SHARDS {
+            let mut shard = lock(&self.shards[(start + i) % SHARDS]);
+            freed += shard.reclaim(now, &mut budget);
+            earliest = earliest.min(shard.next_expiry());
+            drop(shard);
+            if freed >= needed || budget == 0 {
+                break;
+            }
+        }
+        self.keys.fetch_sub(freed, Ordering::Relaxed);
+        if freed == 0 {
+            self.nothing_expires_before_us
+                .store(earliest, Ordering::Relaxed);
+        }
+        freed > 0
     }
 
     /// The all-or-nothing batch, synchronously.
     pub fn apply_now(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         match self.apply_locked(checks) {
-            // At the cap: forget every expired key (all shards, so no lock is held now) and
-            // try once more.
-            Err(StoreError::Full(_)) => {
-                self.sweep();
-                self.apply_locked(checks)
-            }
-            other => other,
+            // At the cap: reclaim expired keys (no lock is held now) and try once more.
+            Ok(outcome) => Ok(outcome),
+            Err(needed) if self.reclaim(needed) => self
+                .apply_locked(checks)
+                .map_err(|_| StoreError::Full(self.max_keys)),
+            Err(_) => Err(StoreError::Full(self.max_keys)),
         }
     }
 
-    fn apply_locked(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+    /// The batch, or how many keys too many it would create.
+    fn apply_locked(&self, checks: &[Check<'_>]) -> Result<Outcome, usize> {
         let now = self.clock.now_micros();
         let mut slots: Vec<Slot> = checks
             .iter()
@@ -145,10 +246,15 @@ impl MemoryStore {
             let (verdict, update) =
                 limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits);
             if verdict.allowed {
-                if committed.is_none() && update != Update::Keep {
-                    new_keys += 1;
+                if committed.is_none() && c.hits == 0 {
+                    // Looking at a counter that does not exist: its state is empty whatever
+                    // the update says, and a probe must not take room.
+                } else {
+                    if committed.is_none() && update != Update::Keep {
+                        new_keys += 1;
+                    }
+                    slots[i].update = Some(update);
                 }
-                slots[i].update = Some(update);
             } else if c.kind == CheckKind::Enforce {
                 allowed = false;
             }
@@ -156,7 +262,7 @@ impl MemoryStore {
         }
 
         if allowed && new_keys > 0 && self.len() + new_keys > self.max_keys {
-            return Err(StoreError::Full(self.max_keys));
+            return Err(self.len() + new_keys - self.max_keys);
         }
 
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter_mut().zip(&mut verdicts)) {
@@ -197,7 +303,9 @@ impl MemoryStore {
         if update == Update::Keep {
             return;
         }
-        let entry = shard.entry(hash, |e| *e.key == *check.key, |e| e.hash);
+        let entry = shard
+            .table
+            .entry(hash, |e| *e.key == *check.key, |e| e.hash);
         let mut occupied = match entry {
             hashbrown::hash_table::Entry::Occupied(o) => o,
             hashbrown::hash_table::Entry::Vacant(v) => {
@@ -211,20 +319,18 @@ impl MemoryStore {
             }
         };
         let e = occupied.get_mut();
+        let new = e.expires_at_us == 0;
         e.state.apply(update);
         if e.state.is_empty() {
             occupied.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
         } else {
             e.expires_at_us = e.state.expires_at_us(check.limit);
+            if new {
+                shard.expiry.push(Reverse((e.expires_at_us, hash)));
+            }
         }
     }
-}
-
-fn sweep_shard(shard: &mut Shard, now: u64) -> usize {
-    let before = shard.len();
-    shard.retain(|e| e.expires_at_us > now);
-    before - shard.len()
 }
 
 impl Store for MemoryStore {
@@ -239,8 +345,8 @@ impl Store for MemoryStore {
         self.sweep();
     }
 
-    fn keys_in_memory(&self) -> Option<usize> {
-        Some(self.len())
+    fn status(&self, status: &mut StoreStatus) {
+        status.keys_in_memory = Some(self.len());
     }
 }
 

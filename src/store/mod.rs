@@ -1,63 +1,48 @@
-//! Where limiter state lives. One call, [`Store::apply`], decides a whole request's checks
-//! all-or-nothing: if any enforced check is denied, no check consumes anything.
-
-/// `name()`, `Display` and `FromStr` for an enum of settings spelled in rules and flags
-/// (`failure_mode`, `mode`); an unknown spelling's error lists the choices.
-macro_rules! spelled_enum {
-    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl $ty {
-            pub fn name(self) -> &'static str {
-                match self {
-                    $($ty::$variant => $name,)+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-
-        impl std::str::FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($name => Ok($ty::$variant),)+
-                    _ => Err(format!(
-                        "unknown {} '{s}' (expected {})",
-                        $what,
-                        $crate::store::choices(&[$($name),+])
-                    )),
-                }
-            }
-        }
-    };
-}
-
-/// `a, b or c`.
-fn choices(names: &[&str]) -> String {
-    match names {
-        [] => String::new(),
-        [one] => (*one).to_owned(),
-        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
-    }
-}
+//! Where limiter state lives, and how it stays trustworthy when the backend does not.
+//!
+//! One call, [`Store::apply`], decides a whole request's checks all-or-nothing: if any
+//! enforced check is denied, no check consumes anything. Two stores hold state: [`MemoryStore`]
+//! (this process) and [`redis::RedisStore`] (shared by a fleet). Everything else is a *layer*:
+//! a type that implements `Store` by wrapping another and does one thing, in tower's shape.
+//! [`build`] composes them in one place, outermost first:
+//!
+//! ```text
+//! OverLimitCache   counters the backend denied are denied here until they can fit again
+//!  └ Fallback      the failure policy when the backend is down (allow / deny / local / error)
+//!     └ Leases     mode: hybrid — decide from a lease of the shared quota, no backend call
+//!        └ Metered backend call latency and errors (by error variant) for the metrics
+//!           └ Breaker  stop calling a backend that keeps failing; probe it to recover
+//!              └ RedisStore
+//! ```
+//!
+//! The order matters: the cache must see the policy's answers to ignore them (they say nothing
+//! of the shared counters); the policy must see every way the backend failed, the leases'
+//! extra calls included, and decide the *request's* checks, not a lease's; the breaker must see
+//! each real call, and the metrics the calls the breaker refused.
+//!
+//! Errors are typed ([`StoreError`]): layers act on the variant, never on a message.
 
 pub mod breaker;
-pub mod key;
+mod build;
+pub mod fallback;
 pub mod lease;
 mod memory;
+pub mod metered;
 pub mod over_limit;
 pub mod redis;
-mod resilient;
+mod sharded;
 
 use std::future::Future;
+use std::time::Duration;
 
-pub use key::KeyBuf;
-pub use lease::{LeaseOptions, Mode};
+pub use crate::counter::{FailureMode, KeyBuf, Mode};
+pub use breaker::{Breaker, BreakerOptions, BreakerState};
+pub use build::{BackendConfig, BuildError, Clocks, Shared, Stack, StoreConfig, build};
+pub use fallback::Fallback;
+pub use lease::{LeaseOptions, Leases};
 pub use memory::MemoryStore;
-pub use resilient::{FailureMode, Resilient};
+pub use metered::{BackendObserver, Metered};
+pub use over_limit::OverLimitCache;
 
 use crate::limiter::{Limit, Verdict};
 
@@ -110,14 +95,48 @@ impl<'a> Check<'a> {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a store could not decide. The backend variants (`Timeout`, `Unavailable`,
+/// `CircuitOpen`) are what the failure policy answers for; `Full` is this process's own limit.
+#[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The memory store is at `--max-keys` and cannot track a new counter.
     #[error("the store holds its maximum of {0} keys")]
     Full(usize),
-    /// The backend cannot answer now (down, erroring, too slow, circuit open).
-    #[error("the rate limit backend is unavailable: {0}")]
-    Unavailable(String),
+    /// The backend did not answer in time (`--redis-timeout`).
+    #[error("the rate limit backend did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The backend refused, failed or answered something unusable.
+    #[error("the rate limit backend is unavailable: {source}")]
+    Unavailable {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The breaker stopped calling a backend that kept failing.
+    #[error("the circuit to the rate limit backend is open after repeated failures")]
+    CircuitOpen,
+}
+
+impl StoreError {
+    pub fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        StoreError::Unavailable {
+            source: source.into(),
+        }
+    }
+
+    /// The backend cannot answer now: the failure policy decides instead.
+    pub fn is_backend_down(&self) -> bool {
+        !matches!(self, StoreError::Full(_))
+    }
+
+    /// A metrics label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StoreError::Full(_) => "full",
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::CircuitOpen => "circuit_open",
+        }
+    }
 }
 
 /// The outcome of a batch: one verdict per check, in order, and whether the batch was allowed.
@@ -132,6 +151,47 @@ pub struct Outcome {
     pub backend_now_us: Vec<u64>,
 }
 
+/// What a store and its layers report for health and metrics; each layer fills in what it owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// Counters held in this process's memory.
+    pub keys_in_memory: Option<usize>,
+    /// Hits held in quota leases.
+    pub lease_hits_held: Option<u64>,
+    /// Denials the over-limit cache holds.
+    pub cached_denials: Option<usize>,
+    /// Requests the failure policy answered.
+    pub policy_decisions: Option<u64>,
+    pub breaker: Option<BreakerState>,
+    /// Calls are still answered while the backend is down (false when the policy is `error`).
+    pub serves_without_backend: bool,
+}
+
+impl Default for StoreStatus {
+    fn default() -> Self {
+        Self {
+            keys_in_memory: None,
+            lease_hits_held: None,
+            cached_denials: None,
+            policy_decisions: None,
+            breaker: None,
+            serves_without_backend: true,
+        }
+    }
+}
+
+impl StoreStatus {
+    /// The backend answers now (false while its circuit is open or half-open).
+    pub fn backend_up(&self) -> bool {
+        self.breaker.is_none_or(|b| b == BreakerState::Closed)
+    }
+
+    /// Ready to take traffic: the backend is up, or the failure policy answers without it.
+    pub fn ready(&self) -> bool {
+        self.backend_up() || self.serves_without_backend
+    }
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Applies `checks` atomically with respect to every other call: all enforced and shadow
     /// checks that fit consume if and only if no enforced check is denied.
@@ -140,48 +200,28 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
-    /// Periodic upkeep (the memory store forgets expired keys). Called every few seconds.
+    /// Periodic CPU-bound upkeep (forgetting expired keys and denials). The server runs it every
+    /// few seconds on a blocking thread, never on an async worker.
     fn housekeeping(&self) {}
 
-    /// Gives quota held on this node back to the shared store: the leases that ran out, or
-    /// all of them when the node stops.
-    fn return_leases(&self, _all: bool) -> impl Future<Output = ()> + Send {
+    /// Gives quota held on this node back to the shared store: what ran out, or everything when
+    /// the node stops (`all`).
+    fn flush(&self, _all: bool) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
 
-    /// How often `return_leases` should run (None: this store holds no leases).
-    fn lease_sweep_every(&self) -> Option<std::time::Duration> {
+    /// How often `flush(false)` should run (None: nothing is ever held).
+    fn flush_every(&self) -> Option<Duration> {
         None
     }
 
-    /// Whether the backend answers now (false while a remote store's circuit is open).
-    fn backend_up(&self) -> bool {
-        true
-    }
+    /// Writes what this store (and each layer, for its own part) reports.
+    fn status(&self, _status: &mut StoreStatus) {}
 
-    /// Whether calls are still answered while the backend is down (false when the failure
-    /// policy is `error`).
-    fn serves_without_backend(&self) -> bool {
-        true
-    }
-
-    /// Counters held in this process's memory, for metrics.
-    fn keys_in_memory(&self) -> Option<usize> {
-        None
-    }
-
-    /// Hits held in quota leases, for metrics.
-    fn lease_hits_held(&self) -> Option<u64> {
-        None
-    }
-
-    /// The backend's circuit breaker (0 closed, 1 open, 2 half-open), for metrics.
-    fn breaker_state(&self) -> Option<i64> {
-        None
-    }
-
-    /// Ready to take traffic: the backend is up, or the failure policy answers without it.
-    fn ready(&self) -> bool {
-        self.backend_up() || self.serves_without_backend()
+    /// The whole stack's report.
+    fn report(&self) -> StoreStatus {
+        let mut status = StoreStatus::default();
+        self.status(&mut status);
+        status
     }
 }

@@ -1,12 +1,21 @@
-//! The over-limit cache: when the shared store denies a counter until T, later requests on this
-//! node that ask at least as many hits of it are denied here until T, with no Redis call. A
-//! request that asks at least as much cannot fit sooner, so this never admits more; it may deny
-//! a little longer when another node refunds hits meanwhile. Bounded in size.
+//! The over-limit cache layer: when the shared store denies a counter until T, later requests
+//! on this node that ask at least as many hits of it are denied here until T, with no backend
+//! call. A request that asks at least as much cannot fit sooner, so this never admits more; it
+//! may deny a little longer when another node refunds hits meanwhile.
+//!
+//! A request is answered here only when *every* one of its checks is a cached denial. When
+//! some are not (`[A, B]` with A cached and B not), the whole request goes to the backend: a
+//! denied batch consumes nothing there, and each status — B's included, at its real hits — is
+//! the backend's own, exactly as the memory store reports it.
+//!
+//! Bounded (`max_entries`, spread over shards so threads do not queue on one lock). The
+//! failure policy's answers are never learned: they say nothing of the shared counters.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::{Check, CheckKind, Outcome};
+use super::sharded::{SHARDS, Sharded};
+use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
 use crate::clock::Clock;
 use crate::limiter::{Limit, Verdict};
 
@@ -21,43 +30,35 @@ struct Denial {
     reset_until_us: u64,
 }
 
-pub struct OverLimitCache {
-    entries: Mutex<HashMap<Box<[u8]>, Denial>>,
-    max_entries: usize,
+pub struct OverLimitCache<S> {
+    inner: S,
+    entries: Sharded<Denial>,
+    /// Per shard; 0: the cache is off.
+    max_per_shard: usize,
     clock: Arc<dyn Clock>,
 }
 
-impl OverLimitCache {
-    pub fn new(max_entries: usize, clock: Arc<dyn Clock>) -> Self {
+impl<S: Store> OverLimitCache<S> {
+    /// At most `max_entries` denials (0: off, every call goes through).
+    pub fn new(inner: S, max_entries: usize, clock: Arc<dyn Clock>) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
-            max_entries,
+            inner,
+            entries: Sharded::new(),
+            max_per_shard: max_entries.div_ceil(SHARDS),
             clock,
         }
     }
 
-    pub fn now(&self) -> u64 {
-        self.clock.now_micros()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<[u8]>, Denial>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    pub fn inner(&self) -> &S {
+        &self.inner
     }
 
     /// The cached denial of this check at `now`, if one applies.
-    pub fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
+    fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
         if check.kind != CheckKind::Enforce || check.hits == 0 {
             return None;
         }
-        let d = *self.lock().get(check.key)?;
+        let d = *self.entries.lock(check.key).get(check.key)?;
         let applies = d.limit == *check.limit
             && now < d.until_us
             && check.hits >= d.hits
@@ -70,25 +71,25 @@ impl OverLimitCache {
         })
     }
 
-    /// Learns from what the store answered at `now`: denials are cached, a counter that was
-    /// allowed or refunded is forgotten.
-    pub fn learn(&self, checks: &[Check<'_>], outcome: &Outcome, now: u64) {
+    /// Learns from what the store answered to a call sent at `now`: denials are cached, a
+    /// counter that was allowed or refunded is forgotten.
+    fn learn(&self, checks: &[Check<'_>], outcome: &Outcome, now: u64) {
         if outcome.by_policy {
-            // The failure policy's answers say nothing of the shared counters.
             return;
         }
-        let mut entries = self.lock();
         for (c, v) in checks.iter().zip(&outcome.verdicts) {
             let denied = c.kind == CheckKind::Enforce && !v.allowed && v.retry_after_us > 0;
+            let mut entries = self.entries.lock(c.key);
             if !denied {
                 if c.kind == CheckKind::Refund || v.allowed {
                     entries.remove(c.key);
                 }
                 continue;
             }
-            if entries.len() >= self.max_entries && !entries.contains_key(c.key) {
+            if entries.len() >= self.max_per_shard && !entries.contains_key(c.key) {
+                // Full: make room from this shard only (bounded work per request).
                 entries.retain(|_, d| d.until_us > now);
-                if entries.len() >= self.max_entries {
+                if entries.len() >= self.max_per_shard {
                     continue;
                 }
             }
@@ -98,16 +99,67 @@ impl OverLimitCache {
                     limit: *c.limit,
                     hits: c.hits,
                     remaining: v.remaining,
-                    until_us: now + v.retry_after_us,
-                    reset_until_us: now + v.reset_after_us,
+                    until_us: now.saturating_add(v.retry_after_us),
+                    reset_until_us: now.saturating_add(v.reset_after_us),
                 },
             );
         }
     }
 
-    /// Drops the denials that have run out.
-    pub fn sweep(&self) {
-        let now = self.now();
-        self.lock().retain(|_, d| d.until_us > now);
+    /// Denials held now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<S: Store> Store for OverLimitCache<S> {
+    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        if self.max_per_shard == 0 {
+            return self.inner.apply(checks).await;
+        }
+        // The cache's own clock, read when the call is sent: a denial is learned from then.
+        let now = self.clock.now_micros();
+        let mut cached = Vec::with_capacity(checks.len());
+        for c in checks {
+            match self.denial(c, now) {
+                Some(v) => cached.push(v),
+                None => break,
+            }
+        }
+        if !checks.is_empty() && cached.len() == checks.len() {
+            return Ok(Outcome {
+                allowed: false,
+                verdicts: cached,
+                by_policy: false,
+                backend_now_us: Vec::new(),
+            });
+        }
+        let outcome = self.inner.apply(checks).await?;
+        self.learn(checks, &outcome, now);
+        Ok(outcome)
+    }
+
+    fn housekeeping(&self) {
+        let now = self.clock.now_micros();
+        self.entries
+            .for_each_shard(|m| m.retain(|_, d| d.until_us > now));
+        self.inner.housekeeping();
+    }
+
+    async fn flush(&self, all: bool) {
+        self.inner.flush(all).await;
+    }
+
+    fn flush_every(&self) -> Option<Duration> {
+        self.inner.flush_every()
+    }
+
+    fn status(&self, status: &mut StoreStatus) {
+        self.inner.status(status);
+        status.cached_denials = Some(self.len());
     }
 }

@@ -274,3 +274,19 @@ impl RedisCluster {
         me.split_whitespace().next().unwrap().to_owned()
     }
 }
+
+/// The store `sluice serve` builds for Redis at `topology` (production defaults otherwise).
+pub fn shared_config(
+    topology: sluice::store::redis::Topology,
+    timeout: Duration,
+) -> sluice::store::StoreConfig {
+    sluice::store::StoreConfig::new(sluice::store::BackendConfig::Redis(
+        sluice::store::redis::RedisOptions {
+            topology,
+            pool_size: 2,
+            timeout,
+            connect_timeout: Duration::from_secs(2),
+            key_prefix: "sluice:".into(),
+        },
+    ))
+}

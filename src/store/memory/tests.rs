@@ -103,7 +103,10 @@ fn at_max_keys_new_counters_are_refused_and_old_ones_work() {
     let l = Limit::new(Algorithm::FixedWindow, 10, S, None).unwrap();
     s.apply_now(&[check(b"a", &l, 1), check(b"b", &l, 1)])
         .unwrap();
-    assert_eq!(s.apply_now(&[check(b"c", &l, 1)]), Err(StoreError::Full(2)));
+    assert!(matches!(
+        s.apply_now(&[check(b"c", &l, 1)]),
+        Err(StoreError::Full(2))
+    ));
     assert!(s.apply_now(&[check(b"a", &l, 1)]).unwrap().allowed);
     // Expired keys make room.
     clock.advance(S);

@@ -8,13 +8,17 @@
 //! the groups that consumed are refunded, so a denied request consumes nothing in the end; a
 //! concurrent request may see those hits for the length of one round trip (under-admission,
 //! never over-admission).
+//!
+//! Connections are made ahead, in the background, when the store is built and again after one
+//! is lost, each bounded by its own connect timeout: a request's `--redis-timeout` pays for its
+//! script call, not for a TCP and TLS handshake.
 
 mod script;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -41,15 +45,36 @@ pub struct RedisOptions {
     pub topology: Topology,
     /// Standalone: how many multiplexed connections requests are spread over.
     pub pool_size: usize,
-    /// Per call, connection included.
+    /// Per script call.
     pub timeout: Duration,
+    /// Per connection attempt (made ahead, in the background, when it can be).
+    pub connect_timeout: Duration,
     pub key_prefix: String,
 }
 
-/// Connections, made on first use (so sluice starts while Redis is down) and dropped when one
-/// fails at the connection level (so the next call connects afresh: Redis restarted means every
-/// connection is dead). Each is multiplexed: concurrent calls share it without waiting, so no
-/// checkout — and no health-check round trip per call, as a generic pool adds — is needed.
+/// A Redis failure, its message with any password hidden.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RedisFailure(String);
+
+impl RedisFailure {
+    fn of(e: &redis::RedisError) -> Self {
+        RedisFailure(redact(&e.to_string()))
+    }
+}
+
+/// Connections, made ahead in the background (so sluice starts while Redis is down, and no
+/// request waits for a handshake) and dropped when one fails at the connection level (so they
+/// are made afresh: Redis restarted means every connection is dead). Each is multiplexed:
+/// concurrent calls share it without waiting, so no checkout — and no health-check round trip
+/// per call, as a generic pool adds — is needed.
+struct Pool {
+    conns: Connections,
+    /// A background task is making the missing connections.
+    filling: AtomicBool,
+    connect_timeout: Duration,
+}
+
 enum Connections {
     Standalone {
         client: redis::Client,
@@ -63,34 +88,122 @@ enum Connections {
     },
 }
 
-impl Connections {
-    /// Forgets every connection after a connection-level failure.
-    fn reset(&self) {
-        match self {
+impl Pool {
+    /// Forgets every connection after a connection-level failure, and makes new ones in the
+    /// background.
+    fn reset(self: &Arc<Self>) {
+        match &self.conns {
             Connections::Standalone { conns, .. } => conns.iter().for_each(|c| c.store(None)),
             Connections::Cluster { conn, .. } => conn.store(None),
+        }
+        self.fill_in_background();
+    }
+
+    /// Starts making the missing connections on the current Tokio runtime (if any), unless a
+    /// task is at it already. It retries with backoff until every slot is filled.
+    fn fill_in_background(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pool = self.clone();
+        runtime.spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            while !pool.fill_once().await {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            pool.filling.store(false, Ordering::Release);
+        });
+    }
+
+    /// One attempt at every missing connection; true when none is missing.
+    async fn fill_once(&self) -> bool {
+        match &self.conns {
+            Connections::Standalone {
+                client,
+                config,
+                conns,
+                ..
+            } => {
+                let mut all = true;
+                for slot in conns.iter().filter(|s| s.load().is_none()) {
+                    match self.connect_standalone(client, config).await {
+                        Ok(conn) => slot.store(Some(Arc::new(conn))),
+                        Err(e) => {
+                            tracing::debug!(error = %RedisFailure::of(&e), "cannot connect to Redis yet");
+                            all = false;
+                            break;
+                        }
+                    }
+                }
+                all
+            }
+            Connections::Cluster { client, conn } => {
+                if conn.load().is_some() {
+                    return true;
+                }
+                match self.connect_cluster(client).await {
+                    Ok(c) => {
+                        conn.store(Some(Arc::new(c)));
+                        true
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %RedisFailure::of(&e), "cannot connect to the Redis Cluster yet");
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connect_standalone(
+        &self,
+        client: &redis::Client,
+        config: &ConnectionManagerConfig,
+    ) -> redis::RedisResult<ConnectionManager> {
+        let connect = ConnectionManager::new_with_config(client.clone(), config.clone());
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(result) => result,
+            Err(_) => Err(connect_timed_out()),
+        }
+    }
+
+    async fn connect_cluster(
+        &self,
+        client: &ClusterClient,
+    ) -> redis::RedisResult<ClusterConnection> {
+        match tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await {
+            Ok(result) => result,
+            Err(_) => Err(connect_timed_out()),
         }
     }
 
     async fn invoke(
-        &self,
+        self: &Arc<Self>,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> redis::RedisResult<Vec<i64>> {
-        match self {
+        match &self.conns {
             Connections::Standalone {
                 client,
                 config,
                 conns,
                 next,
             } => {
-                let slot = &conns[next.fetch_add(1, Ordering::Relaxed) % conns.len()];
-                let mut conn = match slot.load_full() {
+                let start = next.fetch_add(1, Ordering::Relaxed);
+                // The next live connection from a round-robin start.
+                let live =
+                    (0..conns.len()).find_map(|i| conns[(start + i) % conns.len()].load_full());
+                let mut conn = match live {
                     Some(conn) => (*conn).clone(),
                     None => {
-                        let conn =
-                            ConnectionManager::new_with_config(client.clone(), config.clone())
-                                .await?;
-                        slot.store(Some(Arc::new(conn.clone())));
+                        // None made yet (Redis was down): this call connects, bounded by its
+                        // own timeout, and the rest follow in the background.
+                        let conn = self.connect_standalone(client, config).await?;
+                        conns[start % conns.len()].store(Some(Arc::new(conn.clone())));
+                        self.fill_in_background();
                         conn
                     }
                 };
@@ -100,7 +213,7 @@ impl Connections {
                 let mut conn = match conn.load_full() {
                     Some(c) => (*c).clone(),
                     None => {
-                        let c = client.get_async_connection().await?;
+                        let c = self.connect_cluster(client).await?;
                         conn.store(Some(Arc::new(c.clone())));
                         c
                     }
@@ -111,8 +224,15 @@ impl Connections {
     }
 }
 
+fn connect_timed_out() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "connecting to Redis timed out",
+    ))
+}
+
 pub struct RedisStore {
-    conns: Connections,
+    pool: Arc<Pool>,
     script: redis::Script,
     prefix: Vec<u8>,
     timeout: Duration,
@@ -131,7 +251,8 @@ pub enum RedisConfigError {
 }
 
 impl RedisStore {
-    /// Connections are made on first use, so sluice starts while Redis is down.
+    /// No connection is made here (see [`RedisStore::connect_ahead`]), so sluice starts while
+    /// Redis is down.
     pub fn new(options: &RedisOptions) -> Result<Self, RedisConfigError> {
         // rediss:// needs a process-wide crypto provider; installing it twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -143,7 +264,7 @@ impl RedisStore {
             Topology::Standalone(url) => Connections::Standalone {
                 client: redis::Client::open(url.as_str()).map_err(url_error)?,
                 config: ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(options.timeout))
+                    .set_connection_timeout(Some(options.connect_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(std::time::Duration::from_millis(100)),
                 conns: (0..options.pool_size.max(1))
@@ -153,7 +274,7 @@ impl RedisStore {
             },
             Topology::Cluster(urls) => Connections::Cluster {
                 client: ClusterClient::builder(urls.iter().map(String::as_str))
-                    .connection_timeout(options.timeout)
+                    .connection_timeout(options.connect_timeout)
                     .response_timeout(options.timeout)
                     .build()
                     .map_err(url_error)?,
@@ -161,12 +282,22 @@ impl RedisStore {
             },
         };
         Ok(Self {
-            conns,
+            pool: Arc::new(Pool {
+                conns,
+                filling: AtomicBool::new(false),
+                connect_timeout: options.connect_timeout,
+            }),
             script: redis::Script::new(LIMITER_SCRIPT),
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
         })
+    }
+
+    /// Makes the connections in the background now (on the current Tokio runtime; without one,
+    /// the first calls make them).
+    pub fn connect_ahead(&self) {
+        self.pool.fill_in_background();
     }
 
     /// Tests only: the scripts use this clock instead of Redis `TIME`, so a run can be replayed
@@ -211,26 +342,23 @@ impl RedisStore {
                 .arg(c.until_us);
         }
         let call = async {
-            let reply = self.conns.invoke(&invocation).await.map_err(|e| {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    self.conns.reset();
+            let reply = self.pool.invoke(&invocation).await.map_err(|e| {
+                if e.is_timeout() {
+                    // The cluster client's own response timeout.
+                    return StoreError::Timeout(self.timeout);
                 }
-                unavailable(e)
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    self.pool.reset();
+                }
+                StoreError::unavailable(RedisFailure::of(&e))
             })?;
             parse_reply(&reply, indices.len())
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "Redis did not answer within {:?}",
-                self.timeout
-            ))),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
-}
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(redact(&e.to_string()))
 }
 
 /// What one script run answered.
@@ -243,10 +371,10 @@ struct GroupReply {
 
 fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
     if reply.len() != 2 + 4 * checks {
-        return Err(StoreError::Unavailable(format!(
+        return Err(StoreError::unavailable(RedisFailure(format!(
             "unexpected script reply of {} values for {checks} checks",
             reply.len()
-        )));
+        ))));
     }
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
     let verdicts = reply[2..]
@@ -277,7 +405,7 @@ impl Store for RedisStore {
         // Standalone: one script for everything. Cluster: one per slot.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, &slot) in slots.iter().enumerate() {
-            let slot = match self.conns {
+            let slot = match self.pool.conns {
                 Connections::Standalone { .. } => 0,
                 Connections::Cluster { .. } => slot,
             };

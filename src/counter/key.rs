@@ -5,8 +5,8 @@
 //! `4:edgev14:remote_address8:10.0.0.1#11*1` (fixed window, per second, × 1). The limit's numbers are not part of the key, so
 //! a changed limit keeps its counter; a changed algorithm or unit starts a new one.
 
+use super::{KeyPart, Unit};
 use crate::limiter::Algorithm;
-use crate::rules::{KeyPart, Unit};
 
 const TAG_VALUE: u8 = b'v';
 const TAG_PATTERN: u8 = b'p';

@@ -1,0 +1,179 @@
+//! The one place the store is assembled: main, the tests and the benches all call [`build`],
+//! so what runs in production is what the tests prove.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::breaker::{Breaker, BreakerOptions};
+use super::fallback::Fallback;
+use super::lease::{LeaseOptions, LeaseTable, Leases};
+use super::metered::{BackendObserver, Metered};
+use super::over_limit::OverLimitCache;
+use super::redis::{RedisConfigError, RedisOptions, RedisStore};
+use super::{Check, FailureMode, MemoryStore, Outcome, Store, StoreError, StoreStatus};
+use crate::clock::{Clock, MonotonicClock, SystemClock};
+
+/// Where the counters live.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// This process only.
+    Memory,
+    /// Redis or a Redis Cluster, shared by every node.
+    Redis(RedisOptions),
+}
+
+/// The clocks the layers read. Production: the system's; tests: one manual clock for all,
+/// with Redis's `TIME` pinned to it too, so a run can be replayed exactly.
+#[derive(Clone)]
+pub struct Clocks {
+    /// Wall time: the memory stores' windows.
+    pub wall: Arc<dyn Clock>,
+    /// Durations on this node only (lease deadlines, cached denials, the breaker): a wall clock
+    /// set back must not stretch them.
+    pub monotonic: Arc<dyn Clock>,
+    /// Tests only: the Lua scripts use this instead of Redis `TIME`.
+    pub redis_pinned: Option<Arc<dyn Clock>>,
+}
+
+impl Clocks {
+    pub fn system() -> Self {
+        Self {
+            wall: Arc::new(SystemClock),
+            monotonic: Arc::new(MonotonicClock::new()),
+            redis_pinned: None,
+        }
+    }
+
+    /// Every layer and Redis on one clock.
+    pub fn pinned(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            wall: clock.clone(),
+            monotonic: clock.clone(),
+            redis_pinned: Some(clock),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct StoreConfig {
+    pub backend: BackendConfig,
+    /// Counters the memory store holds at most (the backend's, or the failure policy's own).
+    pub max_keys: usize,
+    /// For rules that set no `failure_mode`.
+    pub failure_mode: FailureMode,
+    pub breaker: BreakerOptions,
+    /// Denials cached at most (0: off).
+    pub over_limit_cache: usize,
+    pub leases: LeaseOptions,
+    pub observer: Option<Arc<dyn BackendObserver>>,
+    pub clocks: Clocks,
+}
+
+impl StoreConfig {
+    /// Production defaults for `backend`.
+    pub fn new(backend: BackendConfig) -> Self {
+        Self {
+            backend,
+            max_keys: 10_000_000,
+            failure_mode: FailureMode::default(),
+            breaker: BreakerOptions::default(),
+            over_limit_cache: 100_000,
+            leases: LeaseOptions::default(),
+            observer: None,
+            clocks: Clocks::system(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Redis(#[from] RedisConfigError),
+}
+
+/// The shared-backend stack, outermost first (see the module documentation of `store`).
+pub type Shared = OverLimitCache<Fallback<Leases<Metered<Breaker<RedisStore>>>>>;
+
+/// What [`build`] returns: the memory store alone, or the shared stack.
+pub enum Stack {
+    Memory(MemoryStore),
+    Shared(Box<Shared>),
+}
+
+impl Stack {
+    /// The shared stack's layers, for tests and tools that look inside.
+    pub fn shared(&self) -> Option<&Shared> {
+        match self {
+            Stack::Memory(_) => None,
+            Stack::Shared(s) => Some(s),
+        }
+    }
+
+    /// The Redis store at the bottom of the shared stack.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        self.shared()
+            .map(|s| s.inner().inner().inner().inner().inner())
+    }
+}
+
+/// Assembles the store `config` describes. Connections to Redis are made ahead, in the
+/// background, when called inside a Tokio runtime; sluice starts while Redis is down.
+pub fn build(config: &StoreConfig) -> Result<Stack, BuildError> {
+    let clocks = &config.clocks;
+    let memory = MemoryStore::new(clocks.wall.clone(), config.max_keys);
+    let options = match &config.backend {
+        BackendConfig::Memory => return Ok(Stack::Memory(memory)),
+        BackendConfig::Redis(options) => options,
+    };
+    let mut redis = RedisStore::new(options)?;
+    if let Some(pinned) = &clocks.redis_pinned {
+        redis = redis.with_pinned_clock(pinned.clone());
+    }
+    redis.connect_ahead();
+    let breaker = Breaker::new(redis, config.breaker, clocks.monotonic.clone());
+    let metered = Metered::new(breaker, config.observer.clone());
+    // Leases are kept for rules that ask for them even when the default mode is strict.
+    let leases = Leases::new(
+        metered,
+        LeaseTable::new(config.leases, clocks.monotonic.clone()),
+    );
+    let fallback = Fallback::new(leases, memory, config.failure_mode);
+    let cache = OverLimitCache::new(fallback, config.over_limit_cache, clocks.monotonic.clone());
+    Ok(Stack::Shared(Box::new(cache)))
+}
+
+impl Store for Stack {
+    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        match self {
+            Stack::Memory(m) => m.apply_now(checks),
+            Stack::Shared(s) => s.apply(checks).await,
+        }
+    }
+
+    fn housekeeping(&self) {
+        match self {
+            Stack::Memory(m) => m.housekeeping(),
+            Stack::Shared(s) => s.housekeeping(),
+        }
+    }
+
+    async fn flush(&self, all: bool) {
+        if let Stack::Shared(s) = self {
+            s.flush(all).await;
+        }
+    }
+
+    fn flush_every(&self) -> Option<Duration> {
+        match self {
+            Stack::Memory(_) => None,
+            Stack::Shared(s) => s.flush_every(),
+        }
+    }
+
+    fn status(&self, status: &mut StoreStatus) {
+        match self {
+            Stack::Memory(m) => m.status(status),
+            Stack::Shared(s) => s.status(status),
+        }
+    }
+}
