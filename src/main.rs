@@ -418,10 +418,11 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     };
     let sighup = {
         let reloader = reloader.clone();
+        // Registered here, before anything listens: a SIGHUP that arrived before a spawned
+        // task got to register would take its default action and end the process.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         tokio::spawn(async move {
-            let Ok(mut hup) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
+            let Ok(mut hup) = hup else {
                 tracing::warn!("cannot watch SIGHUP; reload by editing the rules instead");
                 return;
             };

@@ -14,8 +14,8 @@ use sluice::engine::{Code, Decision, Descriptor, Engine, EngineError, EngineSett
 use sluice::rules::load_texts;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
 use sluice::store::{
-    BackendConfig, BreakerOptions, Clocks, FailureMode, LeaseOptions, MemoryStore, Mode, Stack, Store,
-    StoreConfig, build,
+    BackendConfig, BreakerOptions, Clocks, FailureMode, LeaseOptions, MemoryStore, Mode, Stack,
+    Store, StoreConfig, build,
 };
 
 const S: u64 = 1_000_000;
@@ -49,6 +49,10 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: bulk
+    rate_limit: {unit: minute, requests_per_unit: 40}
+  - key: sliding_bulk
+    rate_limit: {unit: minute, requests_per_unit: 40, algorithm: sliding_window}
 "#;
 
 fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
@@ -94,8 +98,18 @@ fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
 }
 
 fn random_request(rng: &mut Rng) -> Request {
-    const KEYS: [&str; 9] = [
-        "fixed", "sliding", "log", "token", "leaky", "gcra", "tiers", "zero", "shadow",
+    const KEYS: [&str; 11] = [
+        "fixed",
+        "sliding",
+        "log",
+        "token",
+        "leaky",
+        "gcra",
+        "tiers",
+        "zero",
+        "shadow",
+        "bulk",
+        "sliding_bulk",
     ];
     const VALUES: [&str; 3] = ["a", "b{x}", "c:}{"];
     let n = 1 + rng.below(3) as usize;
@@ -116,17 +130,20 @@ fn random_request(rng: &mut Rng) -> Request {
 
 /// The production stack on one manual clock: the over-limit cache on, every leasable rule in
 /// hybrid mode, and no fallback (an outage would fail the test).
-fn stack_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<Stack> {
+fn stack_engine(topology: Topology, clock: &Arc<ManualClock>, mode: Mode) -> Engine<Stack> {
     let mut config = shared_config(topology, Duration::from_secs(5));
     if let BackendConfig::Redis(redis) = &mut config.backend {
-        // Its own counters, beside the plain Redis engine's in the same database.
-        redis.key_prefix = "stack:".into();
+        // Its own counters, beside the other engines' in the same database.
+        redis.key_prefix = format!("{mode}:");
     }
     let store = build(&StoreConfig {
         failure_mode: FailureMode::Error,
         over_limit_cache: 10_000,
         leases: LeaseOptions {
-            default_mode: Mode::Hybrid,
+            default_mode: mode,
+            // This sequence is slow (a few requests a second): leases sized for 10 s of it.
+            target: Duration::from_secs(10),
+            ttl: Duration::from_secs(5),
             ..LeaseOptions::default()
         },
         clocks: Clocks::pinned(clock.clone()),
@@ -140,9 +157,41 @@ fn stack_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<Stack> {
     )
 }
 
+/// `got` must be `want`, status by status. `estimated_sliding`: a hybrid sliding-window status
+/// is an estimate — the lease layer sees Redis's verdicts, not the weighted counts, and the
+/// previous window's weight decays between calls — so its remaining may be up to one above
+/// memory's and up to a quarter of the limit (the most a lease takes) below, and its reset
+/// may differ; its code, limit and the decision may not. Returns the largest difference seen.
+fn assert_same(mut got: Decision, want: &Decision, estimated_sliding: bool, what: &str) -> u64 {
+    let mut worst = 0;
+    if estimated_sliding && got.statuses.len() == want.statuses.len() {
+        for (g, w) in got.statuses.iter_mut().zip(&want.statuses) {
+            if g.stats
+                .as_ref()
+                .is_some_and(|s| s.rule.starts_with("sliding"))
+            {
+                let off = g.remaining.abs_diff(w.remaining);
+                let quarter = g
+                    .limit
+                    .as_ref()
+                    .map_or(0, |l| u64::from(l.requests_per_unit) / 4);
+                assert!(
+                    g.remaining <= w.remaining + 1 && w.remaining <= g.remaining + quarter.max(1),
+                    "{what}: {g:?} is far from {w:?}"
+                );
+                worst = worst.max(off);
+                g.remaining = w.remaining;
+                g.duration_us = w.duration_us;
+            }
+        }
+    }
+    assert_eq!(&got, want, "{what}");
+    worst
+}
+
 /// Drives the same random sequence through memory, Redis, and the production stack on Redis
-/// (over-limit cache and leases on) at the same (manual) times: every decision and every
-/// status must be identical.
+/// (over-limit cache on; strict, and hybrid for every leasable rule) at the same (manual)
+/// times: every decision and every status must be identical.
 async fn differential(topology: Topology, seed: u64, steps: usize) {
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
     let memory = Engine::new(
@@ -151,9 +200,11 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
         EngineSettings::default(),
     );
     let redis = pinned_engine(topology.clone(), &clock);
-    let stack = stack_engine(topology, &clock);
+    let strict = stack_engine(topology.clone(), &clock, Mode::Strict);
+    let hybrid = stack_engine(topology, &clock, Mode::Hybrid);
     let mut rng = Rng(seed);
     let (mut over, mut ok) = (0, 0);
+    let (mut cached, mut leased, mut worst) = (0, 0, 0);
     for step in 0..steps {
         let dt = match rng.below(10) {
             0 => rng.below(3 * S),
@@ -165,11 +216,20 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
         let want: Decision = memory.decide(&request).await.unwrap();
         let got: Decision = redis.decide(&request).await.unwrap();
         assert_eq!(got, want, "seed {seed} step {step}: {request:?}");
-        let layered: Decision = stack.decide(&request).await.unwrap();
-        assert_eq!(
-            layered, want,
-            "stack, seed {seed} step {step}: {request:?}"
-        );
+        let what = format!("seed {seed} step {step}: {request:?}");
+        let got = strict.decide(&request).await.unwrap();
+        assert_same(got, &want, false, &format!("strict stack, {what}"));
+        // The server's sweep (every ttl/4): leftovers of leases that ran out go back.
+        hybrid.store().flush(false).await;
+        let got = hybrid.decide(&request).await.unwrap();
+        worst = worst.max(assert_same(
+            got,
+            &want,
+            true,
+            &format!("hybrid stack, {what}"),
+        ));
+        cached = strict.store().report().cached_denials.unwrap().max(cached);
+        leased = hybrid.store().report().lease_hits_held.unwrap().max(leased);
         if want.code == Code::OverLimit {
             over += 1;
         } else {
@@ -179,6 +239,13 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
     assert!(
         over > steps / 10 && ok > steps / 10,
         "the sequence exercised both answers: {ok} ok, {over} over"
+    );
+    println!(
+        "seed {seed}: {ok} ok, {over} over; {cached} cached denials and {leased} leased hits at most; hybrid sliding-window remaining off by {worst} at most"
+    );
+    assert!(
+        cached > 0 && leased > 0,
+        "the layers were used: {cached} cached denials, {leased} leased hits at most"
     );
 }
 
@@ -814,4 +881,87 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
         Some(0),
         "an allowed counter is forgotten"
     );
+}
+
+/// Issue 10: a probe whose caller gives up while Redis is paused must not leave the circuit
+/// half-open for ever. Redis is paused (SIGSTOP) until the breaker opens, the probe's caller
+/// times out, Redis is resumed (SIGCONT): the node is back on Redis within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
+    use sluice::store::BreakerState;
+    let _serial = TIMING.lock().await;
+    let redis = RedisServer::start();
+    // The breaker's clock is manual: the cooldown passes when the test says so.
+    let breaker_clock = Arc::new(ManualClock::new(1_000 * S));
+    let cooldown = Duration::from_millis(500);
+    let store = build(&StoreConfig {
+        failure_mode: FailureMode::Allow,
+        breaker: BreakerOptions {
+            threshold: 2,
+            cooldown,
+        },
+        clocks: Clocks {
+            monotonic: breaker_clock.clone(),
+            ..Clocks::system()
+        },
+        ..shared_config(
+            Topology::Standalone(redis.url()),
+            Duration::from_millis(300),
+        )
+    })
+    .unwrap();
+    let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
+    let engine = Engine::new(
+        load_texts([("f.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    let breaker = || engine.store().report().breaker.unwrap();
+    assert!(
+        !engine.decide(&req("k")).await.unwrap().by_policy,
+        "on Redis"
+    );
+
+    redis.pause();
+    for _ in 0..2 {
+        assert!(
+            engine.decide(&req("k")).await.unwrap().by_policy,
+            "timeout: policy"
+        );
+    }
+    assert_eq!(breaker(), BreakerState::Open);
+    assert!(
+        engine.decide(&req("k")).await.unwrap().by_policy,
+        "open: policy at once"
+    );
+    breaker_clock.advance(cooldown.as_micros() as u64);
+    // The probe goes to the paused Redis, and its caller gives up first (Envoy's deadline).
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), engine.decide(&req("k"))).await;
+    assert!(
+        gave_up.is_err(),
+        "the probe was still waiting on the paused Redis"
+    );
+    assert_eq!(
+        breaker(),
+        BreakerState::Open,
+        "a dropped probe counts as a failure, not a probe still out"
+    );
+
+    redis.resume();
+    breaker_clock.advance(cooldown.as_micros() as u64);
+    let resumed = Instant::now();
+    loop {
+        let d = engine.decide(&req("k")).await.unwrap();
+        if !d.by_policy {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(1),
+            "not back on Redis within a second of SIGCONT (breaker {:?})",
+            breaker()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(breaker(), BreakerState::Closed);
+    println!("back on Redis {:?} after SIGCONT", resumed.elapsed());
 }

@@ -276,17 +276,7 @@ impl<S: Store> Store for Breaker<S> {
         result
     }
 
-    fn housekeeping(&self) {
-        self.inner.housekeeping();
-    }
-
-    async fn flush(&self, all: bool) {
-        self.inner.flush(all).await;
-    }
-
-    fn flush_every(&self) -> Option<Duration> {
-        self.inner.flush_every()
-    }
+    forward_upkeep!(housekeeping, flush, flush_every);
 
     fn status(&self, status: &mut StoreStatus) {
         self.inner.status(status);

@@ -8,7 +8,6 @@
 //! refund): it sits outside them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use super::{Check, CheckKind, FailureMode, MemoryStore, Outcome, Store, StoreError, StoreStatus};
 use crate::limiter::Verdict;
@@ -111,13 +110,7 @@ impl<S: Store> Store for Fallback<S> {
         self.inner.housekeeping();
     }
 
-    async fn flush(&self, all: bool) {
-        self.inner.flush(all).await;
-    }
-
-    fn flush_every(&self) -> Option<Duration> {
-        self.inner.flush_every()
-    }
+    forward_upkeep!(flush, flush_every);
 
     fn status(&self, status: &mut StoreStatus) {
         self.inner.status(status);
@@ -133,6 +126,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::limiter::{Algorithm, Limit};
     use std::sync::Arc;
+    use std::time::Duration;
 
     /// A backend that is always down.
     struct Down;

@@ -302,6 +302,55 @@ impl LeaseTable {
         verdicts
     }
 
+    /// A refund of a counter this node holds a live lease on takes the lease back first, in the
+    /// same check: the backend counts admitted + held, and a refund larger than what was
+    /// admitted would otherwise eat into the held hits there, leaving this node hits to admit
+    /// that no counter holds (over-admission across the fleet). Merged, the backend saturates
+    /// at zero exactly as one counter of admitted hits would. Within the lease's life the
+    /// window is still the one it was charged to, so no guard is needed. None: no change.
+    pub fn absorb_into_refunds<'c>(&self, checks: &[Check<'c>]) -> Option<Vec<Check<'c>>> {
+        if !checks.iter().any(|c| c.kind == CheckKind::Refund) {
+            return None;
+        }
+        let now = self.now();
+        let mut changed = None;
+        for (i, c) in checks.iter().enumerate() {
+            if c.kind != CheckKind::Refund {
+                continue;
+            }
+            let mut entries = self.entries.lock(c.key);
+            let Some(l) = entries.get_mut(c.key) else {
+                continue;
+            };
+            if l.left == 0 || l.limit != *c.limit || now >= l.use_until_us {
+                continue;
+            }
+            let out = changed.get_or_insert_with(|| checks.to_vec());
+            out[i].hits = c.hits.saturating_add(l.left);
+            l.left = 0;
+        }
+        changed
+    }
+
+    /// Learns what refunds left in the backend: a refund is never decided from a lease, but it
+    /// changes the counter a lease reports from. (A live lease on the counter was absorbed into
+    /// the refund; one past its deadline is not this node's to count.)
+    pub fn learn_refunds(&self, checks: &[Check<'_>], outcome: &Outcome) {
+        if outcome.by_policy {
+            return;
+        }
+        for (c, v) in checks.iter().zip(&outcome.verdicts) {
+            if c.kind != CheckKind::Refund {
+                continue;
+            }
+            if let Some(l) = self.entries.lock(c.key).get_mut(c.key)
+                && l.limit == *c.limit
+            {
+                l.backend_remaining = v.remaining;
+            }
+        }
+    }
+
     fn stale_after(&self) -> u64 {
         10 * self.options.ttl.as_micros() as u64
     }
@@ -364,6 +413,8 @@ impl<S: Store> Leases<S> {
 
     async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let leases = &self.table;
+        let absorbed = leases.absorb_into_refunds(checks);
+        let checks = absorbed.as_deref().unwrap_or(checks);
         let now = leases.now();
         if let Some(verdicts) = leases.decide_locally(checks, now) {
             return Ok(Outcome {
@@ -383,17 +434,35 @@ impl<S: Store> Leases<S> {
             })
             .collect();
         // The old leases' leftovers go back in the same call (their limit is the old one).
-        sent.extend(checks.iter().zip(&asks).filter_map(|(c, a)| {
-            let (hits, limit, until_us) = a.give_back.as_ref()?;
-            Some(Check {
-                hits: *hits,
-                limit,
-                kind: CheckKind::Refund,
-                until_us: *until_us,
-                ..*c
-            })
-        }));
-        let outcome = self.inner.apply(&sent).await?;
+        let mut given_back = Vec::new();
+        for (i, (c, a)) in checks.iter().zip(&asks).enumerate() {
+            if let Some((hits, limit, until_us)) = a.give_back.as_ref() {
+                given_back.push((i, sent.len()));
+                sent.push(Check {
+                    hits: *hits,
+                    limit,
+                    kind: CheckKind::Refund,
+                    until_us: *until_us,
+                    ..*c
+                });
+            }
+        }
+        let mut outcome = self.inner.apply(&sent).await?;
+        // Refunds are applied last: a given-back leftover's verdict is the counter's final
+        // state, which the request's own check reports — unless the request refunds that
+        // counter itself (a status is reported before the batch's own refunds; then it stays
+        // a little low), or the limit changed (the leftover went back to the old limit).
+        let refunds_itself = |i: usize| {
+            checks
+                .iter()
+                .any(|r| r.kind == CheckKind::Refund && r.key == checks[i].key)
+        };
+        for &(i, k) in &given_back {
+            if sent[k].limit == checks[i].limit && !refunds_itself(i) {
+                outcome.verdicts[i].remaining = outcome.verdicts[k].remaining;
+            }
+        }
+        leases.learn_refunds(checks, &outcome);
         let asked = asks.iter().any(|a| a.extra > 0);
         if outcome.allowed || !asked {
             let verdicts = leases.learn(checks, &asks, &outcome, now);
@@ -427,15 +496,16 @@ impl<S: Store> Leases<S> {
 impl<S: Store> Store for Leases<S> {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         if checks.iter().any(|c| self.table.is_hybrid(c)) {
-            self.apply_hybrid(checks).await
-        } else {
-            self.inner.apply(checks).await
+            return self.apply_hybrid(checks).await;
         }
+        let absorbed = self.table.absorb_into_refunds(checks);
+        let checks = absorbed.as_deref().unwrap_or(checks);
+        let outcome = self.inner.apply(checks).await?;
+        self.table.learn_refunds(checks, &outcome);
+        Ok(outcome)
     }
 
-    fn housekeeping(&self) {
-        self.inner.housekeeping();
-    }
+    forward_upkeep!(housekeeping);
 
     /// Gives back the leftovers of leases that ran out (all of them when the node stops).
     async fn flush(&self, all: bool) {

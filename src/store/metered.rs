@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Check, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, Outcome, Store, StoreError};
 
 /// Receives one observation per backend call.
 pub trait BackendObserver: Send + Sync + 'static {
@@ -46,19 +46,5 @@ impl<S: Store> Store for Metered<S> {
         result
     }
 
-    fn housekeeping(&self) {
-        self.inner.housekeeping();
-    }
-
-    async fn flush(&self, all: bool) {
-        self.inner.flush(all).await;
-    }
-
-    fn flush_every(&self) -> Option<Duration> {
-        self.inner.flush_every()
-    }
-
-    fn status(&self, status: &mut StoreStatus) {
-        self.inner.status(status);
-    }
+    forward_upkeep!(housekeeping, flush, flush_every, status);
 }

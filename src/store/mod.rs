@@ -22,6 +22,34 @@
 //!
 //! Errors are typed ([`StoreError`]): layers act on the variant, never on a message.
 
+/// Inside a layer's `impl Store`: the upkeep methods it does not own, passed to `self.inner`.
+/// List the ones to forward (`housekeeping`, `flush`, `flush_every`, `status`).
+macro_rules! forward_upkeep {
+    ($($method:ident),*) => {
+        $(forward_upkeep!(@ $method);)*
+    };
+    (@ flush_every) => {
+        fn flush_every(&self) -> Option<std::time::Duration> {
+            self.inner.flush_every()
+        }
+    };
+    (@ housekeeping) => {
+        fn housekeeping(&self) {
+            self.inner.housekeeping();
+        }
+    };
+    (@ flush) => {
+        async fn flush(&self, all: bool) {
+            self.inner.flush(all).await;
+        }
+    };
+    (@ status) => {
+        fn status(&self, status: &mut $crate::store::StoreStatus) {
+            self.inner.status(status);
+        }
+    };
+}
+
 pub mod breaker;
 mod build;
 pub mod fallback;

@@ -8,16 +8,18 @@
 //! denied batch consumes nothing there, and each status — B's included, at its real hits — is
 //! the backend's own, exactly as the memory store reports it.
 //!
+//! Only denials whose status cannot change until they fit are cached (a fixed window's, or
+//! one hit over), so a cached answer is the backend's answer to the letter.
+//!
 //! Bounded (`max_entries`, spread over shards so threads do not queue on one lock). The
 //! failure policy's answers are never learned: they say nothing of the shared counters.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::sharded::{SHARDS, Sharded};
 use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
 use crate::clock::Clock;
-use crate::limiter::{Limit, Verdict};
+use crate::limiter::{Algorithm, Limit, Verdict};
 
 #[derive(Debug, Clone, Copy)]
 struct Denial {
@@ -79,6 +81,13 @@ impl<S: Store> OverLimitCache<S> {
         }
         for (c, v) in checks.iter().zip(&outcome.verdicts) {
             let denied = c.kind == CheckKind::Enforce && !v.allowed && v.retry_after_us > 0;
+            // Only a denial whose status cannot change before it fits: a fixed window's count
+            // stays until the window ends; elsewhere, when one more would fit, the next change
+            // is the moment the request fits. (A bucket refilling under a larger request would
+            // report a stale remaining.)
+            let steady = c.limit.algorithm == Algorithm::FixedWindow
+                || c.hits == v.remaining.saturating_add(1);
+            let denied = denied && steady;
             let mut entries = self.entries.lock(c.key);
             if !denied {
                 if c.kind == CheckKind::Refund || v.allowed {
@@ -150,13 +159,7 @@ impl<S: Store> Store for OverLimitCache<S> {
         self.inner.housekeeping();
     }
 
-    async fn flush(&self, all: bool) {
-        self.inner.flush(all).await;
-    }
-
-    fn flush_every(&self) -> Option<Duration> {
-        self.inner.flush_every()
-    }
+    forward_upkeep!(flush, flush_every);
 
     fn status(&self, status: &mut StoreStatus) {
         self.inner.status(status);
