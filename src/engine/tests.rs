@@ -237,6 +237,26 @@ async fn a_request_override_replaces_the_configured_limit() {
 }
 
 #[tokio::test]
+async fn an_override_period_beyond_the_exact_range_is_invalid() {
+    let (_, e) = engine(EngineSettings::default());
+    let request = req(vec![Descriptor {
+        limit_override: Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Year,
+            unit_multiplier: u32::MAX,
+        }),
+        ..desc(&[("unconfigured", "v")], 1)
+    }]);
+    match e.decide(&request).await {
+        Err(EngineError::Invalid(m)) => {
+            assert!(m.starts_with("descriptor 0: limit override: "), "{m}");
+            assert!(m.contains("longest period"), "{m}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn unknown_domain_is_ok() {
     let (_, e) = engine(EngineSettings::default());
     let d = e

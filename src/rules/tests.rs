@@ -373,3 +373,19 @@ descriptors:
         "{e:?}"
     );
 }
+
+#[test]
+fn periods_beyond_the_exact_range_are_located_errors() {
+    // Both accepted before: the period wrapped in release builds and panicked in debug.
+    for (unit, m) in [("year", "4294967295"), ("day", "213503983")] {
+        let e = errors(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 1, unit_multiplier: {m}}}\n"
+        ));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("rules.yaml: descriptors[0].rate_limit.unit_multiplier: ")
+                && e[0].contains("longest period"),
+            "{e:?}"
+        );
+    }
+}
