@@ -416,6 +416,7 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     } else {
         None
     };
+    let stop_signal = shutdown_signal();
     let sighup = {
         let reloader = reloader.clone();
         // Registered here, before anything listens: a SIGHUP that arrived before a spawned
@@ -435,7 +436,7 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     };
     options.reloader = Some(reloader);
     let running = server::start(options, engine).await?;
-    shutdown_signal().await;
+    stop_signal.await;
     tracing::info!("shutting down");
     sighup.abort();
     match tokio::time::timeout(live.shutdown_grace, running.stop()).await {
@@ -447,8 +448,15 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     }
 }
 
-async fn shutdown_signal() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+/// Registers SIGTERM now (a SIGTERM before registration would end the process without a
+/// graceful stop or the leases' return); the future resolves on SIGTERM or SIGINT.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move { wait_for_shutdown(term).await }
+}
+
+async fn wait_for_shutdown(term: std::io::Result<tokio::signal::unix::Signal>) {
+    match term {
         Ok(mut term) => {
             tokio::select! {
                 _ = term.recv() => {}
