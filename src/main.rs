@@ -340,18 +340,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: args.shutdown_grace,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let backend = match args.backend {
-        Backend::Memory => BackendConfig::Memory,
-        Backend::Redis | Backend::RedisCluster => BackendConfig::Redis(RedisOptions {
-            topology: match args.backend {
-                Backend::Redis => Topology::Standalone(args.redis_url.clone()),
-                _ => Topology::Cluster(
-                    args.redis_url
-                        .split(',')
-                        .map(|u| u.trim().to_owned())
-                        .collect(),
-                ),
-            },
+    let topology = match args.backend {
+        Backend::Memory => None,
+        Backend::Redis => Some(Topology::Standalone(args.redis_url.clone())),
+        Backend::RedisCluster => Some(Topology::Cluster(
+            args.redis_url
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .collect(),
+        )),
+    };
+    let backend = match topology {
+        None => BackendConfig::Memory,
+        Some(topology) => BackendConfig::Redis(RedisOptions {
+            topology,
             pool_size: args.redis_pool_size,
             timeout: args.redis_timeout,
             connect_timeout: args.redis_connect_timeout,

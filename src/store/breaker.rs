@@ -215,18 +215,6 @@ impl Permit<'_> {
         self.settled = true;
         self.circuit.failure();
     }
-
-    /// Neither: the call failed for a reason that says nothing of the backend.
-    pub fn neutral(mut self) {
-        self.settled = true;
-        if self.probe {
-            // Let the next call probe at once rather than after a cooldown.
-            let probing = self.circuit.load();
-            if matches!(probing, State::Probing { .. }) {
-                self.circuit.exchange(probing, State::Open { until_us: 0 });
-            }
-        }
-    }
 }
 
 impl Drop for Permit<'_> {
@@ -253,10 +241,6 @@ impl<S: Store> Breaker<S> {
         }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
     pub fn state(&self) -> BreakerState {
         self.circuit.state()
     }
@@ -269,9 +253,9 @@ impl<S: Store> Store for Breaker<S> {
         };
         let result = self.inner.apply(checks).await;
         match &result {
-            Ok(_) => permit.success(),
             Err(e) if e.is_backend_down() => permit.failure(),
-            Err(_) => permit.neutral(),
+            // Any other answer, a refusal included, came from a backend that answers.
+            _ => permit.success(),
         }
         result
     }

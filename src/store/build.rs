@@ -100,22 +100,6 @@ pub enum Stack {
     Shared(Box<Shared>),
 }
 
-impl Stack {
-    /// The shared stack's layers, for tests and tools that look inside.
-    pub fn shared(&self) -> Option<&Shared> {
-        match self {
-            Stack::Memory(_) => None,
-            Stack::Shared(s) => Some(s),
-        }
-    }
-
-    /// The Redis store at the bottom of the shared stack.
-    pub fn redis(&self) -> Option<&RedisStore> {
-        self.shared()
-            .map(|s| s.inner().inner().inner().inner().inner())
-    }
-}
-
 /// Assembles the store `config` describes. Connections to Redis are made ahead, in the
 /// background, when called inside a Tokio runtime; sluice starts while Redis is down.
 pub fn build(config: &StoreConfig) -> Result<Stack, BuildError> {

@@ -32,10 +32,6 @@ impl<S: Store> Fallback<S> {
         }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
     fn decide(&self, checks: &[Check<'_>], cause: StoreError) -> Result<Outcome, StoreError> {
         self.decisions.fetch_add(1, Ordering::Relaxed);
         let mode_of = |c: &Check<'_>| c.on_failure.unwrap_or(self.default_mode);

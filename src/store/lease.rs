@@ -403,14 +403,6 @@ impl<S: Store> Leases<S> {
         Self { inner, table }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
-    pub fn table(&self) -> &LeaseTable {
-        &self.table
-    }
-
     async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let leases = &self.table;
         let absorbed = leases.absorb_into_refunds(checks);

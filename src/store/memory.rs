@@ -245,11 +245,11 @@ impl MemoryStore {
             let committed = find(shard, c.key, slots[i].hash).map(|e| &e.state);
             let (verdict, update) =
                 limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits);
+            // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
+            // update says: a probe must not take room.
+            let looks_at_nothing = committed.is_none() && c.hits == 0;
             if verdict.allowed {
-                if committed.is_none() && c.hits == 0 {
-                    // Looking at a counter that does not exist: its state is empty whatever
-                    // the update says, and a probe must not take room.
-                } else {
+                if !looks_at_nothing {
                     if committed.is_none() && update != Update::Keep {
                         new_keys += 1;
                     }

@@ -22,10 +22,6 @@ impl<S: Store> Metered<S> {
     pub fn new(inner: S, observer: Option<Arc<dyn BackendObserver>>) -> Self {
         Self { inner, observer }
     }
-
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
 }
 
 impl<S: Store> Store for Metered<S> {

@@ -51,10 +51,6 @@ impl<S: Store> OverLimitCache<S> {
         }
     }
 
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
     /// The cached denial of this check at `now`, if one applies.
     fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
         if check.kind != CheckKind::Enforce || check.hits == 0 {
@@ -132,17 +128,11 @@ impl<S: Store> Store for OverLimitCache<S> {
         }
         // The cache's own clock, read when the call is sent: a denial is learned from then.
         let now = self.clock.now_micros();
-        let mut cached = Vec::with_capacity(checks.len());
-        for c in checks {
-            match self.denial(c, now) {
-                Some(v) => cached.push(v),
-                None => break,
-            }
-        }
-        if !checks.is_empty() && cached.len() == checks.len() {
+        let cached: Option<Vec<Verdict>> = checks.iter().map(|c| self.denial(c, now)).collect();
+        if let Some(verdicts) = cached.filter(|v| !v.is_empty()) {
             return Ok(Outcome {
                 allowed: false,
-                verdicts: cached,
+                verdicts,
                 by_policy: false,
                 backend_now_us: Vec::new(),
             });
