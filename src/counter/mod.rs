@@ -13,7 +13,7 @@ pub use key::KeyBuf;
 pub use unit::Unit;
 
 use crate::clock::MICROS_PER_SECOND;
-use crate::limiter::{Algorithm, EXACT_MAX};
+use crate::limiter::{Algorithm, TIME_MAX};
 
 /// `name()`, `Display` and `FromStr` for an enum of settings spelled in rules and flags
 /// (`failure_mode`, `mode`); an unknown spelling's error lists the choices.
@@ -127,8 +127,9 @@ pub enum PeriodError {
 }
 
 /// The period of `multiplier` units in microseconds: the one constructor for rules files and
-/// request overrides. Every product is checked, and a period must stay within 2^53 µs (about
-/// 285 years): the Lua twins compute in doubles, exact only up to there.
+/// request overrides. Every product is checked, and a period must stay within 2^52 µs (about
+/// 142 years, `limiter::TIME_MAX`): the Lua twins compute in doubles, exact up to 2^53, and a
+/// time plus a period must stay there.
 pub fn period_us(unit: Unit, multiplier: u32) -> Result<u64, PeriodError> {
     if multiplier == 0 {
         return Err(PeriodError::ZeroMultiplier);
@@ -136,11 +137,11 @@ pub fn period_us(unit: Unit, multiplier: u32) -> Result<u64, PeriodError> {
     unit.seconds()
         .checked_mul(u64::from(multiplier))
         .and_then(|s| s.checked_mul(MICROS_PER_SECOND))
-        .filter(|&us| us <= EXACT_MAX)
+        .filter(|&us| us <= TIME_MAX)
         .ok_or(PeriodError::TooLong {
             unit,
             multiplier,
-            max_years: EXACT_MAX / (Unit::Year.seconds() * MICROS_PER_SECOND),
+            max_years: TIME_MAX / (Unit::Year.seconds() * MICROS_PER_SECOND),
         })
 }
 
@@ -156,10 +157,10 @@ mod tests {
         for (unit, m) in [(Unit::Year, u32::MAX), (Unit::Day, 213_503_983)] {
             let e = period_us(unit, m).unwrap_err();
             assert!(matches!(e, PeriodError::TooLong { .. }), "{unit} × {m}");
-            assert!(e.to_string().contains("285 years"), "{e}");
+            assert!(e.to_string().contains("142 years"), "{e}");
         }
         // The longest exact period is accepted, one more minute is not.
-        let max_min = u32::try_from(EXACT_MAX / (60 * MICROS_PER_SECOND)).unwrap();
+        let max_min = u32::try_from(TIME_MAX / (60 * MICROS_PER_SECOND)).unwrap();
         assert_eq!(
             period_us(Unit::Minute, max_min),
             Ok(u64::from(max_min) * 60 * MICROS_PER_SECOND)
@@ -167,8 +168,8 @@ mod tests {
         assert!(period_us(Unit::Minute, max_min + 1).is_err());
         // Seconds cannot reach it: u32::MAX seconds is 136 years.
         assert!(period_us(Unit::Second, u32::MAX).is_ok());
-        assert!(period_us(Unit::Year, 285).is_ok());
-        assert!(period_us(Unit::Year, 286).is_err());
+        assert!(period_us(Unit::Year, 142).is_ok());
+        assert!(period_us(Unit::Year, 143).is_err());
     }
 
     #[test]

@@ -21,6 +21,10 @@ use std::fmt;
 /// Products in the algorithms never exceed this (the largest integer a double holds exactly).
 pub const EXACT_MAX: u64 = 1 << 53;
 
+/// Times stay below this (2^52 µs after the epoch: the year 2112), and so does the time a full
+/// bucket takes to drain: their sum, a bucket's empty time, stays exact in a double.
+pub const TIME_MAX: u64 = 1 << 52;
+
 /// Largest `requests_per_unit` for a sliding log: it keeps one entry per admitted request.
 pub const SLIDING_LOG_MAX: u64 = 100_000;
 
@@ -111,6 +115,14 @@ pub enum LimitError {
         "{requests} requests (or burst) per {period_s} s is too fine-grained to compute exactly; use a shorter unit"
     )]
     OutOfRange { requests: u64, period_s: u64 },
+    #[error(
+        "a full bucket of {burst} drains at {requests} per {period_s} s in more than 142 years; raise the rate or lower the burst"
+    )]
+    DrainsTooSlowly {
+        burst: u64,
+        requests: u64,
+        period_s: u64,
+    },
 }
 
 /// What one limit allows, in the units the algorithms compute with.
@@ -163,18 +175,33 @@ impl Limit {
         } else {
             1
         };
-        Ok(Self {
+        let limit = Self {
             algorithm,
             requests,
             period_us,
             burst,
             tick_us,
-        })
+        };
+        if algorithm.has_burst() && requests > 0 && limit.full_drain_us() > u128::from(TIME_MAX) {
+            return Err(LimitError::DrainsTooSlowly {
+                burst,
+                requests,
+                period_s: period_us / crate::clock::MICROS_PER_SECOND,
+            });
+        }
+        Ok(limit)
     }
 
     /// The period in ticks.
     fn period_ticks(&self) -> u64 {
         self.period_us / self.tick_us
+    }
+
+    /// How long a full bucket takes to drain, in microseconds (u128: a burst of `u32::MAX` at
+    /// one request a year is billions of years, which is why it is refused).
+    fn full_drain_us(&self) -> u128 {
+        let level = u128::from(self.burst) * u128::from(self.period_ticks());
+        level.div_ceil(u128::from(self.requests)) * u128::from(self.tick_us)
     }
 }
 

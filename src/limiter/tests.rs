@@ -231,6 +231,33 @@ fn long_periods_choose_a_coarser_tick_and_stay_exact() {
 }
 
 #[test]
+fn a_bucket_that_would_drain_for_centuries_is_refused() {
+    const YEAR: u64 = 365 * 86_400 * S;
+    // 100 requests a year with a burst of a million: a full bucket drains in 10 000 years, past
+    // the exact range of the times computed from it (found by the Lua twin proptest: the drain
+    // time overflowed u64).
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ] {
+        assert_eq!(
+            Limit::new(algorithm, 100, YEAR, Some(1_000_000)),
+            Err(LimitError::DrainsTooSlowly {
+                burst: 1_000_000,
+                requests: 100,
+                period_s: YEAR / S
+            }),
+            "{algorithm}"
+        );
+        // A full bucket that drains in 100 years is fine.
+        assert!(Limit::new(algorithm, 100, YEAR, Some(10_000)).is_ok());
+    }
+    // Window algorithms have no burst, so nothing to drain.
+    assert!(Limit::new(Algorithm::SlidingWindow, 1, 100 * YEAR, None).is_ok());
+}
+
+#[test]
 fn limit_validation() {
     assert_eq!(
         Limit::new(Algorithm::FixedWindow, 1, S, Some(3)),

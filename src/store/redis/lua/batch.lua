@@ -1,7 +1,7 @@
 -- sluice: decides one request's checks in one slot, all or nothing.
 --
 -- KEYS: one per check. ARGV[1]: '' (time from Redis TIME) or a pinned time in microseconds
--- (tests only). Then 8 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
+-- (tests only; TTLs are then padded, see prelude.lua). Then 8 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
 -- (1 fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets), hits, requests,
 -- period_us, burst, tick_us, until (refunds only: applied only while now < until; 0 always).
 -- Reply: allowed (1/0), the time decided at (microseconds), then per check: allowed,
@@ -13,6 +13,7 @@ local ENFORCE, REFUND = 1, 3
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
+  ttl_pad_ms = 3600000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -26,6 +26,13 @@ local function min(a, b)
   return b
 end
 
+-- Added to every TTL. 0 in service; a test that pins the script's time sets an hour (batch.lua):
+-- Redis still expires keys by its own clock, and a state whose pinned time left it 1 ms to live
+-- would vanish between two test steps that the pinned clock puts microseconds apart. A key kept
+-- past its end holds a stale state, which every algorithm reads as empty (as it must: a real
+-- TTL is rounded up to the millisecond).
+local ttl_pad_ms = 0
+
 -- A state kept as space-separated integers in a string key.
 local function load_ints(key)
   local v = redis.call('GET', key)
@@ -44,11 +51,11 @@ local function store_ints(key, ints, expires_at, now)
   end
   local parts = {}
   for i, n in ipairs(ints) do parts[i] = string.format('%.0f', n) end
-  local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000))
+  local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000)) + ttl_pad_ms
   redis.call('SET', key, table.concat(parts, ' '), 'PX', string.format('%.0f', ttl_ms))
 end
 
 local function expire_at(key, expires_at, now)
-  local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000))
+  local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000)) + ttl_pad_ms
   redis.call('PEXPIRE', key, string.format('%.0f', ttl_ms))
 end

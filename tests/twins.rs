@@ -1,0 +1,384 @@
+//! Each algorithm's Lua script is the twin of its Rust function: on one real redis-server with
+//! the script's time pinned, a random limit, a random stored state and a random run of
+//! decisions and refunds give identical verdicts from `limiter::decide`/`refund` and from the
+//! script, on the whole range the rules accept — periods up to the 2^52 µs bound (142 years),
+//! limits up to `u32::MAX` (so coarse ticks and products near 2^53), states a lowered limit
+//! leaves behind (above the new limit), stale windows and clocks that went back.
+//!
+//! The differential test in `redis.rs` runs whole requests through the engine on small
+//! numbers; this one runs the arithmetic where Lua's doubles would first go wrong.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::RedisServer;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice::clock::ManualClock;
+use sluice::counter::{Unit, period_us};
+use sluice::limiter::{self, Algorithm, EXACT_MAX, Limit, Stamp, State, TIME_MAX, Verdict};
+use sluice::store::redis::{RedisOptions, RedisStore, Topology, redis_key};
+use sluice::store::{Check, CheckKind, Store};
+
+const PREFIX: &str = "twin:";
+
+/// One random case: a limit, what is stored, and the calls made on it.
+#[derive(Debug, Clone)]
+struct Case {
+    limit: Limit,
+    start_us: u64,
+    state: State,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    advance_us: u64,
+    hits: u64,
+    kind: CheckKind,
+}
+
+/// A period the rules accept: a unit and a multiplier, up to the 2^52 µs bound.
+fn period() -> impl Strategy<Value = u64> {
+    let unit = prop_oneof![
+        Just(Unit::Second),
+        Just(Unit::Minute),
+        Just(Unit::Hour),
+        Just(Unit::Day),
+        Just(Unit::Year),
+    ];
+    (unit, any::<u32>(), 0..4u8).prop_map(|(unit, m, size)| {
+        // Mostly small multipliers, sometimes the largest the unit allows.
+        let max = (TIME_MAX / 1_000_000 / unit.seconds()).min(u64::from(u32::MAX)) as u32;
+        let m = match size {
+            0 => 1,
+            1 => 1 + m % 10,
+            2 => 1 + m % max,
+            _ => max - m % 3.min(max),
+        };
+        period_us(unit, m.max(1)).expect("within the bound")
+    })
+}
+
+/// A count near `scale`: small, random below it, or just under and over it.
+fn near(scale: u64, pick: u64, kind: u8) -> u64 {
+    match kind % 5 {
+        0 => pick % 4,
+        1 => pick % scale.saturating_add(1),
+        2 => scale.saturating_sub(pick % 3),
+        3 => scale.saturating_add(pick % 3),
+        _ => pick % scale.saturating_mul(2).saturating_add(1),
+    }
+}
+
+/// `requests` (and `burst`) up to `u32::MAX`, biased to the largest the period allows exactly.
+fn limit(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
+    (period(), any::<u64>(), 0..5u8, any::<u64>(), 0..3u8).prop_filter_map(
+        "out of the exact range",
+        move |(period_us, pick, kind, burst_pick, burst_kind)| {
+            let top = match algorithm {
+                Algorithm::SlidingLog => limiter::SLIDING_LOG_MAX,
+                Algorithm::FixedWindow => u64::from(u32::MAX),
+                // Products: the largest capacity with a tick of at most one second.
+                _ => (EXACT_MAX / (period_us / 1_000_000)).min(u64::from(u32::MAX)),
+            };
+            let requests = near(top, pick, kind).clamp(1, top);
+            let burst = (algorithm.has_burst() && burst_kind > 0)
+                .then(|| near(top, burst_pick, burst_kind * 2).clamp(1, top));
+            Limit::new(algorithm, requests, period_us, burst).ok()
+        },
+    )
+}
+
+/// A state as a store might hold it at `now`: of this window, the last, or long ago; within
+/// the limit or above it (a lowered limit); a bucket updated in the future (a clock set back).
+fn state(limit: Limit, now: u64, picks: [u64; 4], kind: u8) -> State {
+    let period = limit.period_us;
+    let window = now - now % period;
+    let start = match picks[0] % 6 {
+        0..=2 => window,
+        3 => window.saturating_sub(period),
+        4 => window.saturating_sub(2 * period),
+        _ => picks[0] % (now + 1),
+    };
+    let capacity = limit.requests.max(limit.burst);
+    match limit.algorithm {
+        Algorithm::FixedWindow => State::Window {
+            start_us: start,
+            count: near(limit.requests, picks[1], kind),
+        },
+        Algorithm::SlidingWindow => State::Sliding {
+            start_us: start,
+            current: near(limit.requests, picks[1], kind),
+            previous: near(limit.requests, picks[2], kind.wrapping_add(picks[3] as u8)),
+        },
+        Algorithm::SlidingLog => {
+            let n = picks[1] % 5;
+            let mut stamps = VecDeque::new();
+            let mut at = now.saturating_sub(picks[2] % (2 * period + 1));
+            for i in 0..n {
+                let hits =
+                    1 + near(limit.requests, picks[3].rotate_left(i as u32 * 7), kind) % capacity;
+                stamps.push_back(Stamp { at_us: at, hits });
+                at = (at + picks[3] % (period / 2 + 1)).min(now);
+            }
+            let total = stamps.iter().map(|s| s.hits).sum();
+            if stamps.is_empty() {
+                State::Empty
+            } else {
+                State::Log { total, stamps }
+            }
+        }
+        _ => {
+            let p = limit.period_us / limit.tick_us;
+            let at_us = if picks[2].is_multiple_of(7) {
+                now + picks[0] % period
+            } else {
+                now.saturating_sub(picks[0] % (2 * period + 1))
+            };
+            State::Meter {
+                level: near(limit.burst * p, picks[1], kind).min(EXACT_MAX),
+                at_us,
+            }
+        }
+    }
+}
+
+fn step(period: u64) -> impl Strategy<Value = Step> {
+    let advance = prop_oneof![
+        Just(0u64),
+        0..1_000u64,
+        0..=period,
+        0..=3 * period,
+        // A whole number of seconds: lands on tick and window edges.
+        (0..=(3 * period / 1_000_000)).prop_map(|s| s * 1_000_000),
+    ];
+    let kind = prop_oneof![
+        6 => Just(CheckKind::Enforce),
+        1 => Just(CheckKind::Shadow),
+        2 => Just(CheckKind::Refund),
+    ];
+    (advance, any::<u64>(), 0..5u8, kind).prop_map(|(advance_us, pick, k, kind)| Step {
+        advance_us,
+        // Mostly a few hits; sometimes any the wire carries (u32), which `case` brings near the
+        // capacity when it is beyond it.
+        hits: if k >= 3 {
+            pick % (u64::from(u32::MAX) + 1)
+        } else {
+            pick % 3
+        },
+        kind,
+    })
+}
+
+fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
+    limit(algorithm).prop_flat_map(|limit| {
+        // Epoch times from 1970 to the year 2112 (`TIME_MAX`), mostly around today.
+        let start = prop_oneof![
+            3 => 1_700_000_000_000_000u64..1_900_000_000_000_000,
+            1 => 0..TIME_MAX,
+        ];
+        (
+            Just(limit),
+            start,
+            any::<[u64; 4]>(),
+            0..5u8,
+            prop::collection::vec(step(limit.period_us), 1..7),
+            any::<u64>(),
+        )
+            .prop_map(|(limit, start_us, picks, kind, mut steps, hits_pick)| {
+                // Some steps ask for exactly what is left or one more: the edges of "fits".
+                let capacity = limit.requests.max(limit.burst);
+                for (i, s) in steps.iter_mut().enumerate() {
+                    if s.hits > 2 && s.hits > capacity + 1 {
+                        s.hits = near(capacity, hits_pick.rotate_left(i as u32), i as u8);
+                    }
+                }
+                Case {
+                    limit,
+                    start_us,
+                    state: state(limit, start_us, picks, kind),
+                    steps,
+                }
+            })
+    })
+}
+
+/// The state in the script's encoding (see the `.lua` files' headers).
+fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State) {
+    let ints = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+    let _: () = redis::cmd("DEL").arg(key).query(conn).unwrap();
+    let value = match state {
+        State::Empty => return,
+        State::Window { start_us, count } => ints(&[*start_us, *count]),
+        State::Sliding {
+            start_us,
+            current,
+            previous,
+        } => ints(&[*start_us, *current, *previous]),
+        State::Meter { level, at_us } => ints(&[*level, *at_us]),
+        State::Log { total, stamps } => {
+            let mut list = vec![total.to_string()];
+            list.extend(stamps.iter().map(|s| ints(&[s.at_us, s.hits])));
+            let _: () = redis::cmd("RPUSH").arg(key).arg(list).query(conn).unwrap();
+            let _: () = redis::cmd("PEXPIRE")
+                .arg(key)
+                .arg(3_600_000)
+                .query(conn)
+                .unwrap();
+            return;
+        }
+    };
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(3_600_000)
+        .query(conn)
+        .unwrap();
+}
+
+/// The Rust side of one step: the verdict and the state after it.
+fn rust_step(
+    limit: &Limit,
+    state: &State,
+    now: u64,
+    hits: u64,
+    kind: CheckKind,
+) -> (Verdict, State) {
+    match kind {
+        CheckKind::Refund => limiter::refund(limit, state, now, hits),
+        CheckKind::Enforce | CheckKind::Shadow => {
+            let (verdict, update) = limiter::decide(limit, state, now, hits);
+            let next = if verdict.allowed {
+                state.after(&update)
+            } else {
+                state.clone()
+            };
+            (verdict, next)
+        }
+    }
+}
+
+struct Twin {
+    runtime: tokio::runtime::Runtime,
+    store: RedisStore,
+    clock: Arc<ManualClock>,
+    conn: redis::Connection,
+}
+
+impl Twin {
+    fn new(redis: &RedisServer) -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let clock = Arc::new(ManualClock::new(0));
+        let store = RedisStore::new(&RedisOptions {
+            topology: Topology::Standalone(redis.url()),
+            pool_size: 1,
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            key_prefix: PREFIX.into(),
+        })
+        .unwrap()
+        .with_pinned_clock(clock.clone());
+        let conn = redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        Self {
+            runtime,
+            store,
+            clock,
+            conn,
+        }
+    }
+
+    fn run(&mut self, case: &Case) -> Result<(), TestCaseError> {
+        let key = b"k";
+        let (redis_key, _) = redis_key(PREFIX.as_bytes(), key, key);
+        store_state(&mut self.conn, &redis_key, &case.state);
+        let mut state = case.state.clone();
+        let mut now = case.start_us;
+        for (i, s) in case.steps.iter().enumerate() {
+            now = (now + s.advance_us).min(TIME_MAX);
+            self.clock.set(now);
+            let (want, next) = rust_step(&case.limit, &state, now, s.hits, s.kind);
+            let check = Check {
+                kind: s.kind,
+                ..Check::enforce(key, &case.limit, s.hits)
+            };
+            let outcome = self
+                .runtime
+                .block_on(self.store.apply(&[check]))
+                .map_err(|e| TestCaseError::fail(format!("the script failed: {e}")))?;
+            prop_assert_eq!(
+                outcome.verdicts[0],
+                want,
+                "step {} ({:?}) at {}: the script and the Rust function disagree",
+                i,
+                s,
+                now
+            );
+            state = next;
+        }
+        Ok(())
+    }
+}
+
+fn prove(algorithm: Algorithm, redis: &RedisServer) {
+    let twin = std::cell::RefCell::new(Twin::new(redis));
+    let cases = std::env::var("TWIN_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&case(algorithm), |case| twin.borrow_mut().run(&case))
+        .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+}
+
+/// Each algorithm is its own test with its own server: they run in parallel, and a failure
+/// names its algorithm.
+fn with_redis(algorithm: Algorithm) {
+    let redis = RedisServer::start();
+    prove(algorithm, &redis);
+}
+
+#[test]
+fn fixed_window_script_is_its_rust_twin() {
+    with_redis(Algorithm::FixedWindow);
+}
+
+#[test]
+fn sliding_window_script_is_its_rust_twin() {
+    with_redis(Algorithm::SlidingWindow);
+}
+
+#[test]
+fn sliding_log_script_is_its_rust_twin() {
+    with_redis(Algorithm::SlidingLog);
+}
+
+#[test]
+fn token_bucket_script_is_its_rust_twin() {
+    with_redis(Algorithm::TokenBucket);
+}
+
+#[test]
+fn leaky_bucket_script_is_its_rust_twin() {
+    with_redis(Algorithm::LeakyBucket);
+}
+
+#[test]
+fn gcra_script_is_its_rust_twin() {
+    with_redis(Algorithm::Gcra);
+}
