@@ -1,12 +1,12 @@
 //! `sluice explain`: what the rules do with a request, without serving it — for each
 //! descriptor, the rule path that matched (or where matching stopped), the limits and their
-//! algorithms, `replaces`, and the counter's storage keys.
+//! algorithms, `replaces`, and the counter's storage keys. The engine's own stages
+//! ([`engine::explain`]) produce all of it; this module only writes it down.
 
 use std::fmt::Write;
 
-use crate::engine::{counter_prefix, hash_tag};
-use crate::rules::{KeyPart, PlanSource, RuleSet, Via};
-use crate::store::KeyBuf;
+use crate::engine::{self, Descriptor, ExplainedDescriptor, Limits, MatchedBy, Request};
+use crate::rules::{PlanSource, RuleSet};
 use crate::store::redis::redis_key;
 
 /// One descriptor's entries, as given on the command line: `k=v,k2=v2`.
@@ -25,155 +25,155 @@ pub fn explain(
     descriptors: &[Vec<(String, String)>],
     redis_prefix: &str,
 ) -> String {
+    let request = Request {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| Descriptor {
+                entries: entries.clone(),
+                ..Descriptor::of(&[], 1)
+            })
+            .collect(),
+    };
     let mut out = String::new();
-    let Some(d) = rules.domain(domain) else {
+    let explanation = match engine::explain(rules, &request) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = writeln!(out, "the request is refused: {e}");
+            return out;
+        }
+    };
+    let Some(d) = explanation.domain else {
         let _ = writeln!(
             out,
             "domain '{domain}' is not configured: every descriptor is answered OK, unlimited"
         );
         return out;
     };
-    let found: Vec<_> = descriptors
-        .iter()
-        .map(|entries| {
-            let mut key = KeyBuf::default();
-            let mut steps = Vec::new();
-            let rule = counter_prefix(d, domain, entries, &mut key, |k, part, via| {
-                steps.push(match via {
-                    Via::Exact => format!("{k}: exact value"),
-                    Via::Wildcard(p) => match part {
-                        KeyPart::Pattern(_) => format!("{k}: wildcard '{p}' (one shared counter)"),
-                        KeyPart::Value(_) => format!("{k}: wildcard '{p}'"),
-                    },
-                    Via::KeyOnly => format!("{k}: any value"),
-                });
-            });
-            (rule, steps, key)
-        })
-        .collect();
-    let replaced: Vec<&str> = found
-        .iter()
-        .filter_map(|(r, _, _)| *r)
-        .flat_map(|r| {
-            r.tiers
-                .iter()
-                .flat_map(|t| t.replaces.iter().map(String::as_str))
-        })
-        .collect();
-
-    for (i, (entries, (rule, steps, key))) in descriptors.iter().zip(&found).enumerate() {
+    for (i, (entries, x)) in descriptors.iter().zip(&explanation.descriptors).enumerate() {
         let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(out, "descriptor {i}: {}", shown.join(", "));
-        for step in steps {
-            let _ = writeln!(out, "  matched {step}");
-        }
-        let Some(rule) = rule else {
-            let why = if steps.len() < entries.len() {
-                let (k, v) = &entries[steps.len()];
-                format!(
-                    "no rule for {k}={v} at level {} (no exact value, wildcard or key-only rule)",
-                    steps.len() + 1
-                )
-            } else {
-                "the matched node has no limit (a whitelisted value, or a branch)".to_owned()
-            };
-            let _ = writeln!(out, "  no limit: {why}; answered OK");
-            continue;
-        };
-        let _ = writeln!(out, "  rule: {domain}.{} (file {})", rule.path, d.file);
-        let mut tiers = rule.tiers.as_slice();
-        if let Some(plan) = &rule.plan {
-            let pairs = entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-            let (source, key) = match &plan.source {
-                PlanSource::Client(k) => ("the client map, by", k),
-                PlanSource::Entry(k) => ("the plan named in", k),
-            };
-            match d.plan_for(plan, pairs) {
-                Some((p, _)) if p.unlimited => {
-                    let _ = writeln!(
-                        out,
-                        "  plan: {} (from {source} entry '{key}'): unlimited; answered OK",
-                        p.name
-                    );
-                    continue;
-                }
-                Some((p, plan_tiers)) => {
-                    let _ = writeln!(
-                        out,
-                        "  plan: {} (from {source} entry '{key}'), limits '{}'",
-                        p.name, plan.group
-                    );
-                    tiers = plan_tiers;
-                }
-                None => {
-                    let _ = writeln!(out, "  plan: none; answered OK");
-                    continue;
-                }
-            }
-        }
-        if rule.unlimited {
-            let _ = writeln!(
-                out,
-                "  unlimited: answered OK with limit_remaining 4294967295"
-            );
-            continue;
-        }
-        let mut flags = vec![format!("shadow_mode: {}", rule.shadow_mode)];
-        if let Some(mode) = rule.failure_mode {
-            flags.push(format!("failure_mode: {mode}"));
-        }
-        if let Some(mode) = rule.mode {
-            flags.push(format!("mode: {mode}"));
-        }
-        if let Some(tag) = &rule.hash_tag {
-            flags.push(format!("hash_tag: {tag}"));
-        }
-        let _ = writeln!(out, "  {}", flags.join(", "));
-        // The slot tag: the descriptor, or the rule's hash_tag entry (as the engine picks it).
-        let mut tag = KeyBuf::default();
-        if hash_tag(Some(rule), domain, entries, &mut tag).is_none() {
-            tag = key.clone();
-        }
-        for t in tiers {
-            let name = t
-                .name
-                .as_deref()
-                .map(|n| format!(" '{n}'"))
-                .unwrap_or_default();
-            let window = if t.unit_multiplier == 1 {
-                t.unit.to_string()
-            } else {
-                format!("{} {}", t.unit_multiplier, t.unit)
-            };
-            let burst = if t.limit.algorithm.has_burst() {
-                format!(", burst {}", t.limit.burst)
-            } else {
-                String::new()
-            };
-            let status = match &t.name {
-                Some(n) if replaced.contains(&n.as_ref()) => {
-                    " — replaced by another descriptor's limit: not applied"
-                }
-                _ => "",
-            };
-            let _ = writeln!(
-                out,
-                "  limit{name}: {} per {window}, {}{burst}{status}",
-                t.requests_per_unit, t.limit.algorithm
-            );
-            let mut counter = key.clone();
-            counter.limit(t.limit.algorithm, t.unit, t.unit_multiplier);
-            let bytes = counter.slice(0..counter.len());
-            let (redis, slot) = redis_key(redis_prefix.as_bytes(), tag.slice(0..tag.len()), bytes);
-            let _ = writeln!(out, "    counter: {}", String::from_utf8_lossy(bytes));
-            let _ = writeln!(
-                out,
-                "    redis key: {} (slot {slot})",
-                String::from_utf8_lossy(&redis)
-            );
-        }
+        describe(&mut out, domain, &d.file, entries, x, redis_prefix);
     }
     out
+}
+
+fn describe(
+    out: &mut String,
+    domain: &str,
+    file: &str,
+    entries: &[(String, String)],
+    x: &ExplainedDescriptor<'_>,
+    redis_prefix: &str,
+) {
+    for (k, by) in &x.levels {
+        let step = match by {
+            MatchedBy::Exact => format!("{k}: exact value"),
+            MatchedBy::Wildcard {
+                pattern,
+                shared: true,
+            } => {
+                format!("{k}: wildcard '{pattern}' (one shared counter)")
+            }
+            MatchedBy::Wildcard { pattern, .. } => format!("{k}: wildcard '{pattern}'"),
+            MatchedBy::AnyValue => format!("{k}: any value"),
+        };
+        let _ = writeln!(out, "  matched {step}");
+    }
+    let Some(rule) = x.rule else {
+        let why = if x.levels.len() < entries.len() {
+            let (k, v) = &entries[x.levels.len()];
+            format!(
+                "no rule for {k}={v} at level {} (no exact value, wildcard or key-only rule)",
+                x.levels.len() + 1
+            )
+        } else {
+            "the matched node has no limit (a whitelisted value, or a branch)".to_owned()
+        };
+        let _ = writeln!(out, "  no limit: {why}; answered OK");
+        return;
+    };
+    let _ = writeln!(out, "  rule: {domain}.{} (file {file})", rule.path);
+    if let Some(plan_ref) = &rule.plan {
+        let (source, key) = match &plan_ref.source {
+            PlanSource::Client(k) => ("the client map, by", k),
+            PlanSource::Entry(k) => ("the plan named in", k),
+        };
+        match x.plan {
+            Some(p) if p.unlimited => {
+                let _ = writeln!(
+                    out,
+                    "  plan: {} (from {source} entry '{key}'): unlimited; answered OK",
+                    p.name
+                );
+                return;
+            }
+            Some(p) => {
+                let _ = writeln!(
+                    out,
+                    "  plan: {} (from {source} entry '{key}'), limits '{}'",
+                    p.name, plan_ref.group
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  plan: none; answered OK");
+                return;
+            }
+        }
+    }
+    if matches!(x.limits, Limits::Unlimited) {
+        let _ = writeln!(
+            out,
+            "  unlimited: answered OK with limit_remaining 4294967295"
+        );
+        return;
+    }
+    let mut flags = vec![format!("shadow_mode: {}", rule.shadow_mode)];
+    if let Some(mode) = rule.failure_mode {
+        flags.push(format!("failure_mode: {mode}"));
+    }
+    if let Some(mode) = rule.mode {
+        flags.push(format!("mode: {mode}"));
+    }
+    if let Some(tag) = &rule.hash_tag {
+        flags.push(format!("hash_tag: {tag}"));
+    }
+    let _ = writeln!(out, "  {}", flags.join(", "));
+    for c in &x.checks {
+        let t = &c.tier;
+        let name = t
+            .name
+            .as_deref()
+            .map(|n| format!(" '{n}'"))
+            .unwrap_or_default();
+        let window = if t.unit_multiplier == 1 {
+            t.unit.to_string()
+        } else {
+            format!("{} {}", t.unit_multiplier, t.unit)
+        };
+        let burst = if t.limit.algorithm.has_burst() {
+            format!(", burst {}", t.limit.burst)
+        } else {
+            String::new()
+        };
+        let status = if c.replaced {
+            " — replaced by another descriptor's limit: not applied"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  limit{name}: {} per {window}, {}{burst}{status}",
+            t.requests_per_unit, t.limit.algorithm
+        );
+        let (redis, slot) = redis_key(redis_prefix.as_bytes(), &c.tag, &c.key);
+        let _ = writeln!(out, "    counter: {}", String::from_utf8_lossy(&c.key));
+        let _ = writeln!(
+            out,
+            "    redis key: {} (slot {slot})",
+            String::from_utf8_lossy(&redis)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub use request::{
 };
 
 use crate::limiter::{Algorithm, Limit, Verdict};
-use crate::rules::{Domain, KeyPart, PlanSource, Rule, RuleSet, Tier};
+use crate::rules::{Domain, KeyPart, Plan, PlanSource, Rule, RuleSet, Tier, Via};
 use crate::store::{Check, CheckKind, KeyBuf, Outcome, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,8 @@ pub struct Engine<S> {
 }
 
 /// Where one descriptor's limits come from.
-enum Limits<'r> {
+#[derive(Debug, Clone)]
+pub enum Limits<'r> {
     /// No rule matched (or unknown domain): OK with no limit.
     None,
     Unlimited,
@@ -51,6 +52,8 @@ enum Limits<'r> {
 
 struct Resolved<'r> {
     rule: Option<&'r Rule>,
+    /// The caller's plan, when the rule takes its limits from one.
+    plan: Option<&'r Plan>,
     limits: Limits<'r>,
     /// Bytes of the descriptor's key prefix (domain and matched entries) in the key buffer.
     prefix: Range<usize>,
@@ -71,6 +74,8 @@ struct Planned<'r> {
     mode: Option<crate::counter::Mode>,
     kind: CheckKind,
     hits: u64,
+    /// Named by another matched limit's `replaces`: kept only when explaining, never checked.
+    replaced: bool,
 }
 
 impl<S: Store> Engine<S> {
@@ -112,9 +117,9 @@ impl<S: Store> Engine<S> {
             .descriptors
             .iter()
             .enumerate()
-            .map(|(i, d)| resolve(domain, &request.domain, i, d, &mut keys))
+            .map(|(i, d)| resolve(domain, &request.domain, i, d, &mut keys, |_, _, _| {}))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut planned = plan(request, &resolved, &mut keys);
+        let mut planned = plan(request, &resolved, &mut keys, false);
         let checks = merge_repeats(&mut planned, &keys);
         let outcome = self.store.apply(&checks).await?;
         Ok(report(
@@ -128,28 +133,30 @@ impl<S: Store> Engine<S> {
 }
 
 /// Matches one descriptor: its rule, where its limits come from, and its key prefix and slot
-/// tag written into `keys`.
+/// tag written into `keys`. `on_level` sees every matched level.
 fn resolve<'r>(
     domain: &'r Domain,
     domain_name: &str,
     i: usize,
     d: &Descriptor,
     keys: &mut KeyBuf,
+    on_level: impl FnMut(&str, KeyPart<'_>, Via<'_>),
 ) -> Result<Resolved<'r>, EngineError> {
     let entries = || d.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
     let start = keys.len();
-    let rule = counter_prefix(domain, domain_name, &d.entries, keys, |_, _, _| {});
+    let rule = counter_prefix(domain, domain_name, &d.entries, keys, on_level);
+    // The caller's plan decides the limits of a plan rule.
+    let plan = rule
+        .and_then(|r| r.plan.as_ref())
+        .and_then(|plan| domain.plan_for(plan, entries()));
     let limits = match (&d.limit_override, rule) {
         (Some(o), _) => Limits::Override(override_tier(i, o, rule)?),
         (None, Some(r)) if r.unlimited => Limits::Unlimited,
-        (None, Some(r)) => match &r.plan {
-            // The caller's plan decides the limits.
-            Some(plan) => match domain.plan_for(plan, entries()) {
-                Some((p, _)) if p.unlimited => Limits::Unlimited,
-                Some((_, tiers)) => Limits::Tiers(tiers),
-                None => Limits::None,
-            },
-            None => Limits::Tiers(&r.tiers),
+        (None, Some(r)) => match (&r.plan, plan) {
+            (Some(_), Some((p, _))) if p.unlimited => Limits::Unlimited,
+            (Some(_), Some((_, tiers))) => Limits::Tiers(tiers),
+            (Some(_), None) => Limits::None,
+            (None, _) => Limits::Tiers(&r.tiers),
         },
         (None, None) => Limits::None,
     };
@@ -165,6 +172,7 @@ fn resolve<'r>(
     let tag = hash_tag(rule, domain_name, &d.entries, keys).unwrap_or_else(|| prefix.clone());
     Ok(Resolved {
         rule,
+        plan: plan.map(|(p, _)| p),
         limits,
         prefix,
         tag,
@@ -174,12 +182,12 @@ fn resolve<'r>(
 /// Matches `entries` and writes their counter prefix (domain and matched entries) to `keys`.
 /// An entry that names the caller's plan is left out: a caller moved to another plan keeps what
 /// it used where the tiers match. `on_level` sees every matched level.
-pub(crate) fn counter_prefix<'r>(
+fn counter_prefix<'r>(
     domain: &'r Domain,
     domain_name: &str,
     entries: &[(String, String)],
     keys: &mut KeyBuf,
-    mut on_level: impl FnMut(&str, KeyPart<'_>, crate::rules::Via<'_>),
+    mut on_level: impl FnMut(&str, KeyPart<'_>, Via<'_>),
 ) -> Option<&'r Rule> {
     let pairs = || entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
     let start = keys.len();
@@ -203,7 +211,7 @@ pub(crate) fn counter_prefix<'r>(
 
 /// Writes the bytes of a rule's `hash_tag` entry (what picks the Redis Cluster slot) to `keys`;
 /// None when the rule has none or the descriptor lacks that entry (the prefix is the tag then).
-pub(crate) fn hash_tag(
+fn hash_tag(
     rule: Option<&Rule>,
     domain_name: &str,
     entries: &[(String, String)],
@@ -218,10 +226,12 @@ pub(crate) fn hash_tag(
 }
 
 /// One check per limit that applies, after `replaces`; each check's key written into `keys`.
+/// `keep_replaced`: also plan the replaced limits, marked (for `explain`).
 fn plan<'r>(
     request: &Request,
     resolved: &'r [Resolved<'r>],
     keys: &mut KeyBuf,
+    keep_replaced: bool,
 ) -> Vec<Planned<'r>> {
     // `replaces`: a limit named by another matched limit's `replaces` is dropped.
     let replaced: Vec<&str> = resolved
@@ -248,7 +258,8 @@ fn plan<'r>(
             (false, false) => CheckKind::Enforce,
         };
         for tier in tiers {
-            if tier.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+            let is_replaced = tier.name.as_deref().is_some_and(|n| replaced.contains(&n));
+            if is_replaced && !keep_replaced {
                 continue;
             }
             let start = keys.len();
@@ -264,6 +275,7 @@ fn plan<'r>(
                 mode: r.rule.and_then(|r| r.mode),
                 kind,
                 hits: d.hits,
+                replaced: is_replaced,
             });
         }
     }
@@ -308,6 +320,112 @@ fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Ch
         }
     }
     checks
+}
+
+/// What the engine does with a request, stage by stage, without applying it: `sluice explain`
+/// prints this, so it can never tell a different story from `decide`.
+#[derive(Debug)]
+pub struct Explanation<'r> {
+    /// None: the domain is not configured (every descriptor is answered OK).
+    pub domain: Option<&'r Domain>,
+    pub descriptors: Vec<ExplainedDescriptor<'r>>,
+}
+
+#[derive(Debug)]
+pub struct ExplainedDescriptor<'r> {
+    /// Every matched level, outermost first: the entry's key and how it matched.
+    pub levels: Vec<(String, MatchedBy)>,
+    pub rule: Option<&'r Rule>,
+    pub plan: Option<&'r Plan>,
+    pub limits: Limits<'r>,
+    /// One per limit, in order, the ones `replaces` drops included (marked).
+    pub checks: Vec<ExplainedCheck>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchedBy {
+    Exact,
+    /// A wildcard value; `shared`: one counter for every value it matches.
+    Wildcard {
+        pattern: String,
+        shared: bool,
+    },
+    AnyValue,
+}
+
+#[derive(Debug)]
+pub struct ExplainedCheck {
+    /// The limit (a request's override, or the rule's or plan's tier).
+    pub tier: Tier,
+    /// The counter's key, and the bytes that pick its Redis Cluster slot.
+    pub key: Vec<u8>,
+    pub tag: Vec<u8>,
+    pub kind: CheckKind,
+    /// Dropped by another matched limit's `replaces`: never checked.
+    pub replaced: bool,
+}
+
+/// Runs the stages of [`Engine::decide`] up to the checks, and returns what each produced.
+pub fn explain<'r>(
+    rules: &'r RuleSet,
+    request: &'r Request,
+) -> Result<Explanation<'r>, EngineError> {
+    let Some(domain) = rules.domain(&request.domain) else {
+        return Ok(Explanation {
+            domain: None,
+            descriptors: Vec::new(),
+        });
+    };
+    let mut keys = KeyBuf::default();
+    let mut levels = Vec::new();
+    let resolved = request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut matched = Vec::new();
+            let r = resolve(domain, &request.domain, i, d, &mut keys, |k, part, via| {
+                let by = match via {
+                    Via::Exact => MatchedBy::Exact,
+                    Via::Wildcard(p) => MatchedBy::Wildcard {
+                        pattern: p.to_owned(),
+                        shared: matches!(part, KeyPart::Pattern(_)),
+                    },
+                    Via::KeyOnly => MatchedBy::AnyValue,
+                };
+                matched.push((k.to_owned(), by));
+            });
+            levels.push(matched);
+            r
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let planned = plan(request, &resolved, &mut keys, true);
+    let descriptors = resolved
+        .iter()
+        .zip(levels)
+        .enumerate()
+        .map(|(i, (r, levels))| ExplainedDescriptor {
+            levels,
+            rule: r.rule,
+            plan: r.plan,
+            limits: r.limits.clone(),
+            checks: planned
+                .iter()
+                .filter(|p| p.descriptor == i)
+                .map(|p| ExplainedCheck {
+                    tier: p.tier.clone(),
+                    key: keys.slice(p.key.clone()).to_vec(),
+                    tag: keys.slice(p.tag.clone()).to_vec(),
+                    kind: p.kind,
+                    replaced: p.replaced,
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Explanation {
+        domain: Some(domain),
+        descriptors,
+    })
 }
 
 /// A status per descriptor from the store's verdicts: the denying tier (the one that waits

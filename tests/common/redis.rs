@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
-    cluster: bool,
+    /// A cluster node, with this `cluster-node-timeout` in milliseconds.
+    cluster: Option<u32>,
     /// Serves TLS only (self-signed certificate made with openssl).
     tls: bool,
     child: Option<Child>,
@@ -58,15 +59,15 @@ pub fn commandstat(info: &str, command: &str) -> u64 {
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::spawn(false, false)
+        Self::spawn(None, false)
     }
 
     /// A TLS-only server with a fresh self-signed certificate.
     pub fn start_tls() -> Self {
-        Self::spawn(false, true)
+        Self::spawn(None, true)
     }
 
-    fn spawn(cluster: bool, tls: bool) -> Self {
+    fn spawn(cluster: Option<u32>, tls: bool) -> Self {
         let port = free_port_pair();
         let dir = super::temp_dir(&format!("redis-{port}"));
         if tls {
@@ -141,8 +142,11 @@ impl RedisServer {
             .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if self.cluster {
-            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+        // DEBUG SLEEP makes Redis slow on purpose (the fault tests); local connections only.
+        cmd.args(["--enable-debug-command", "local"]);
+        if let Some(timeout_ms) = self.cluster {
+            cmd.args(["--cluster-enabled", "yes"])
+                .args(["--cluster-node-timeout", &timeout_ms.to_string()])
                 .args(["--cluster-config-file", "nodes.conf"]);
         }
         self.child = Some(
@@ -218,7 +222,15 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::spawn(true, false)).collect();
+        Self::start_with(0, 2000)
+    }
+
+    /// Three masters with `replicas` replicas each; a master unreachable for `node_timeout_ms`
+    /// is failed over to one of its replicas.
+    pub fn start_with(replicas: usize, node_timeout_ms: u32) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
+            .map(|_| RedisServer::spawn(Some(node_timeout_ms), false))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -227,7 +239,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli runs");
         assert!(
@@ -237,7 +249,33 @@ impl RedisCluster {
         );
         let cluster = Self { nodes };
         cluster.wait_ok();
+        // A replica can take over only once it has synced with its master.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &cluster.nodes {
+            loop {
+                let info = n.cli(&["INFO", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "a replica never synced");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         cluster
+    }
+
+    /// The ports of the nodes that replicate the master on `port`.
+    pub fn replicas_of(&self, port: u16) -> Vec<u16> {
+        let id = self.node_id(port);
+        self.nodes
+            .iter()
+            .filter(|n| {
+                n.cli(&["CLUSTER", "NODES"])
+                    .lines()
+                    .any(|l| l.contains("myself") && l.contains(&format!("slave {id}")))
+            })
+            .map(|n| n.port)
+            .collect()
     }
 
     pub fn wait_ok(&self) {
