@@ -276,6 +276,14 @@ impl RedisStore {
                 client: ClusterClient::builder(urls.iter().map(String::as_str))
                     .connection_timeout(options.connect_timeout)
                     .response_timeout(options.timeout)
+                    // The client's defaults retry 16 times with waits from 1.28 s: a call to a
+                    // dead master would retry its address long past `--redis-timeout`, and the
+                    // error that makes the pool reconnect (and learn the new topology from a
+                    // live node) would never surface. Two quick retries still follow a MOVED or
+                    // an ASK during a slot migration.
+                    .retries(2)
+                    .min_retry_wait(1)
+                    .max_retry_wait(10)
                     .build()
                     .map_err(url_error)?,
                 conn: ArcSwapOption::empty(),
