@@ -9,6 +9,8 @@
 //!     its limit), strict vs hybrid
 //! cargo bench --bench load -- fleet [seconds]    4 hybrid nodes with uneven load: admitted vs limit
 //! cargo bench --bench load -- memory [keys]      Redis bytes per key per algorithm
+//! cargo bench --bench load -- full [keys] [seconds]   the memory store at its --max-keys cap:
+//!     latency of requests on existing keys, alone and while new keys flood in
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -525,6 +527,138 @@ const ALL_BACKENDS: [&str; 6] = [
     "cluster hybrid",
 ];
 
+/// Requests on existing keys, timed one by one for `seconds`, while `other` runs on a second
+/// thread (if any) until they end. Returns sorted latencies in nanoseconds and what `other`
+/// says it did.
+fn time_existing(
+    store: &MemoryStore,
+    limit: &Limit,
+    hot: &[Vec<u8>],
+    seconds: u64,
+    other: Option<&(dyn Fn(&std::sync::atomic::AtomicBool) -> String + Sync)>,
+) -> (Vec<u32>, String) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let other = other.map(|f| scope.spawn(|| f(&stop)));
+        let mut latencies = Vec::with_capacity(4_000_000);
+        let until = Instant::now() + Duration::from_secs(seconds);
+        let mut i = 0;
+        while Instant::now() < until {
+            let key = &hot[i % hot.len()];
+            i += 1;
+            let started = Instant::now();
+            let outcome = store.apply_now(&[Check::enforce(key, limit, 1)]).unwrap();
+            latencies.push(started.elapsed().as_nanos() as u32);
+            assert!(outcome.allowed);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let counted = other.map_or(String::new(), |h| h.join().unwrap());
+        latencies.sort_unstable();
+        (latencies, counted)
+    })
+}
+
+/// Issue 10, item 5: at `--max-keys` full, a flood of new keys must not slow the requests on
+/// existing keys. The store is filled to its cap; requests on 1 000 existing keys are timed
+/// beside a second thread on 100 000 other existing keys (the same load without new keys), and
+/// beside a second thread that asks for new keys only — first with nothing expired (every new
+/// key is refused), then with every other key expired (every new key reclaims one from the
+/// expiry index).
+fn full(keys: usize, seconds: u64) {
+    use sluice::clock::ManualClock;
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
+    let store = MemoryStore::new(clock.clone(), keys);
+    let limit = Limit::new(Algorithm::FixedWindow, 1_000_000_000, 3_600_000_000, None).unwrap();
+    let key = |prefix: &str, n: usize| format!("{prefix}{n}").into_bytes();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let (store, limit) = (&store, &limit);
+            scope.spawn(move || {
+                for n in (t..keys).step_by(2) {
+                    store
+                        .apply_now(&[Check::enforce(&key("k", n), limit, 1)])
+                        .unwrap();
+                }
+            });
+        }
+    });
+    println!(
+        "filled {} keys in {:.1} s (max {keys})",
+        store.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let hot: Vec<Vec<u8>> = (0..1_000).map(|n| key("k", n)).collect();
+    let cold: Vec<Vec<u8>> = (1_000..101_000).map(|n| key("k", n)).collect();
+    let existing_load = |stop: &std::sync::atomic::AtomicBool| {
+        let mut n = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            store
+                .apply_now(&[Check::enforce(&cold[n % cold.len()], &limit, 1)])
+                .unwrap();
+            n += 1;
+        }
+        format!("{n} requests")
+    };
+    let flood = |stop: &std::sync::atomic::AtomicBool| {
+        let (mut n, mut refused) = (0, 0u64);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if store
+                .apply_now(&[Check::enforce(&key("new", n), &limit, 1)])
+                .is_err()
+            {
+                refused += 1;
+            }
+            n += 1;
+        }
+        format!("{n} new keys asked, {refused} refused")
+    };
+    // Rounds alternate between the second thread on existing keys and the flood, three each:
+    // this machine's neighbours move a p99 by tens of percent between sittings.
+    let median = |mut v: Vec<u32>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let compare = |scenario: &str| {
+        let (mut base, mut flooded) = (Vec::new(), Vec::new());
+        let mut said = String::new();
+        for _ in 0..3 {
+            let (l, _) = time_existing(&store, &limit, &hot, seconds, Some(&existing_load));
+            base.push([pct(&l, 0.5), pct(&l, 0.99), pct(&l, 0.999)]);
+            let (l, flood_said) = time_existing(&store, &limit, &hot, seconds, Some(&flood));
+            flooded.push([pct(&l, 0.5), pct(&l, 0.99), pct(&l, 0.999)]);
+            said = flood_said;
+        }
+        let row = |what: &str, rounds: &[[u32; 3]]| {
+            let m: Vec<u32> = (0..3)
+                .map(|i| median(rounds.iter().map(|r| r[i]).collect()))
+                .collect();
+            println!(
+                "{scenario:<13} | {what:<32} | {:>6} | {:>6} | {:>7}",
+                m[0], m[1], m[2]
+            );
+            m[1]
+        };
+        let b = row("beside existing-key requests", &base);
+        let f = row("beside a flood of new keys", &flooded);
+        println!(
+            "{scenario:<13} | p99 {:+.1} % with the flood (last round's flood: {said})",
+            (f64::from(f) / f64::from(b) - 1.0) * 100.0
+        );
+    };
+    println!(
+        "store full      | second thread                    | p50 ns | p99 ns | p999 ns   (medians of 3 rounds of {seconds} s)"
+    );
+    compare("none expired");
+    // Every key but the hot ones expires; the hot ones are renewed in the new window.
+    clock.advance(2 * 3_600_000_000);
+    for k in &hot {
+        store.apply_now(&[Check::enforce(k, &limit, 1)]).unwrap();
+    }
+    compare("rest expired");
+    println!("keys held at the end: {} (max {keys})", store.len());
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -560,6 +694,10 @@ fn main() {
             rt.block_on(load(seconds, HOT_KEY_OVER_LIMIT, &rows));
         }
         Some("fleet") => rt.block_on(fleet(args.get(1).map_or(10, |n| n.parse().unwrap()))),
+        Some("full") => full(
+            args.get(1).map_or(10_000_000, |n| n.parse().unwrap()),
+            args.get(2).map_or(5, |n| n.parse().unwrap()),
+        ),
         _ => {
             // `cargo bench` with no arguments: a short load run.
             rt.block_on(load(3, 10, &ALL_BACKENDS));

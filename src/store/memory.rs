@@ -44,10 +44,12 @@ impl Shard {
         self.expiry.peek().map_or(u64::MAX, |Reverse((at, _))| *at)
     }
 
-    /// Forgets up to `budget` keys that are empty by `now`, from the index. Returns how many.
-    fn reclaim(&mut self, now: u64, budget: &mut usize) -> usize {
+    /// Drops up to `wanted` expired keys, popping at most `budget` index items. It stops at
+    /// `wanted`: each item costs a heap pop and a table removal under this shard's lock, and
+    /// the requests on this shard's live keys wait for it. Returns how many it dropped.
+    fn reclaim(&mut self, now: u64, budget: &mut usize, wanted: usize) -> usize {
         let mut dropped = 0;
-        while *budget > 0 {
+        while *budget > 0 && dropped < wanted {
             let Some(&Reverse((at, hash))) = self.expiry.peek() else {
                 break;
             };
@@ -183,7 +185,7 @@ impl MemoryStore {
         let mut earliest = u64::MAX;
         for i in 0..SHARDS {
             let mut shard = lock(&self.shards[(start + i) % SHARDS]);
-            freed += shard.reclaim(now, &mut budget);
+            freed += shard.reclaim(now, &mut budget, needed - freed);
             earliest = earliest.min(shard.next_expiry());
             drop(shard);
             if freed >= needed || budget == 0 {
