@@ -73,13 +73,14 @@ pub async fn start<S: Store>(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RateLimitServiceServer::from_arc(service.clone()))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            signal(stopped.clone()),
-        );
+    let grpc = tonic::transport::Server::builder().serve_with_incoming_shutdown(
+        Dispatch {
+            rls: RateLimitServiceServer::from_arc(service.clone()),
+            health: health_service,
+        },
+        TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+        signal(stopped.clone()),
+    );
     let http = axum::serve(
         http_listener,
         crate::admin::router(service, serving.clone(), options.reloader.clone()),
@@ -167,6 +168,63 @@ pub async fn start<S: Store>(
         serving,
         health,
     })
+}
+
+/// The two gRPC services on the one listener, told apart by the path's service name. tonic's
+/// `Router` (an axum router) would match routes and box a service and a future per call; for
+/// two services a prefix test is all it takes, and both generated servers already box their
+/// futures. Anything that is not ShouldRateLimit goes to health, which answers UNIMPLEMENTED
+/// for what it does not know.
+#[derive(Clone)]
+struct Dispatch<R, H> {
+    rls: R,
+    health: H,
+}
+
+type GrpcRequest = tonic::codegen::http::Request<tonic::body::Body>;
+type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
+type GrpcFuture = tonic::codegen::BoxFuture<GrpcResponse, std::convert::Infallible>;
+
+impl<R, H> tonic::codegen::Service<GrpcRequest> for Dispatch<R, H>
+where
+    R: tonic::codegen::Service<
+            GrpcRequest,
+            Response = GrpcResponse,
+            Error = std::convert::Infallible,
+            Future = GrpcFuture,
+        >,
+    H: tonic::codegen::Service<
+            GrpcRequest,
+            Response = GrpcResponse,
+            Error = std::convert::Infallible,
+            Future = GrpcFuture,
+        >,
+{
+    type Response = GrpcResponse;
+    type Error = std::convert::Infallible;
+    type Future = GrpcFuture;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both generated servers are always ready.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: GrpcRequest) -> Self::Future {
+        let rls = request
+            .uri()
+            .path()
+            .strip_prefix('/')
+            .and_then(|p| p.strip_prefix(SERVICE_NAME))
+            .is_some_and(|method| method.starts_with('/'));
+        if rls {
+            self.rls.call(request)
+        } else {
+            self.health.call(request)
+        }
+    }
 }
 
 impl<S: Store> Running<S> {

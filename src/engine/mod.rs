@@ -107,7 +107,9 @@ impl<S: Store> Engine<S> {
 
     pub async fn decide(&self, request: &Request) -> Result<Decision, EngineError> {
         self.settings.bounds.check(request)?;
-        let rules = self.rules.load_full();
+        // A guard, not an `Arc` clone: no reference-count traffic per call (arc-swap falls back to
+        // a clone by itself when too many calls hold guards at once, e.g. awaiting Redis).
+        let rules = self.rules.load();
         let Some(domain) = rules.domain(&request.domain) else {
             // Unknown domain: OK, as the reference service answers.
             return Ok(Decision::all_ok(request.descriptors.len()));

@@ -41,10 +41,22 @@ impl HeaderSet {
     }
 
     pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
-        let mut out = Vec::new();
-        if self.retry_after && d.code == Code::OverLimit {
+        let retry_after = self.retry_after && d.code == Code::OverLimit;
+        let limited = d.statuses.iter().any(|s| s.limit.is_some());
+        let count = usize::from(retry_after)
+            + if limited {
+                3 * usize::from(self.draft03) + 2 * usize::from(self.ietf)
+            } else {
+                0
+            };
+        // Most calls (no limit matched, or only the headers off) allocate nothing here.
+        let mut out = Vec::with_capacity(count);
+        if retry_after {
             let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
             out.push(header("retry-after", seconds.to_string()));
+        }
+        if !limited {
+            return out;
         }
         let limited: Vec<(usize, &Status)> = d
             .statuses
@@ -52,9 +64,6 @@ impl HeaderSet {
             .enumerate()
             .filter(|(_, s)| s.limit.is_some())
             .collect();
-        if limited.is_empty() {
-            return out;
-        }
         if self.draft03 {
             draft03(&limited, &mut out);
         }

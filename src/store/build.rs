@@ -127,10 +127,18 @@ pub fn build(config: &StoreConfig) -> Result<Stack, BuildError> {
 }
 
 impl Store for Stack {
-    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
+    fn apply(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl std::future::Future<Output = Result<Outcome, StoreError>> + Send {
+        // The shared stack's future is ~2 KB (five layers and a Redis call, nested): inline, it
+        // would size every call's future, the memory backend's too, and be copied into each
+        // boxed gRPC handler future. Boxed, it costs one allocation beside a network round trip.
         match self {
-            Stack::Memory(m) => m.apply_now(checks),
-            Stack::Shared(s) => s.apply(checks).await,
+            Stack::Memory(m) => {
+                futures_util::future::Either::Left(std::future::ready(m.apply_now(checks)))
+            }
+            Stack::Shared(s) => futures_util::future::Either::Right(Box::pin(s.apply(checks))),
         }
     }
 
