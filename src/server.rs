@@ -19,6 +19,11 @@ use crate::rules::reload::Reloader;
 use crate::service::{HeaderSet, RateLimitGrpc};
 use crate::store::Store;
 
+/// The gRPC health service names sluice answers for: the server as a whole (""), the RLS by its
+/// full name, and `ratelimit`, the name the reference service registers (Envoy health checks
+/// written for it keep working).
+pub const HEALTH_NAMES: [&str; 3] = ["", SERVICE_NAME, "ratelimit"];
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub grpc_addr: SocketAddr,
@@ -57,7 +62,7 @@ pub async fn start<S: Store>(
     let http_addr = http_listener.local_addr()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for name in ["", SERVICE_NAME] {
+    for name in HEALTH_NAMES {
         health
             .set_service_status(name, ServingStatus::Serving)
             .await;
@@ -127,7 +132,7 @@ pub async fn start<S: Store>(
                     } else {
                         ServingStatus::NotServing
                     };
-                    for name in ["", SERVICE_NAME] {
+                    for name in HEALTH_NAMES {
                         health.set_service_status(name, status).await;
                     }
                     was_ready = ready;
@@ -231,7 +236,7 @@ impl<S: Store> Running<S> {
     /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.serving.store(false, Ordering::Release);
-        for name in ["", SERVICE_NAME] {
+        for name in HEALTH_NAMES {
             self.health
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;

@@ -203,7 +203,7 @@ async fn global_shadow_mode_answers_ok() {
 }
 
 #[tokio::test]
-async fn health_serves_both_names_and_flips_on_stop() {
+async fn health_serves_every_name_and_flips_on_stop() {
     let server = start(RULES, "none", EngineSettings::default()).await;
     let channel =
         tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
@@ -212,7 +212,12 @@ async fn health_serves_both_names_and_flips_on_stop() {
             .await
             .unwrap();
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit": the name the reference service registers.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let r = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -222,6 +227,13 @@ async fn health_serves_both_names_and_flips_on_stop() {
             .into_inner();
         assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
     }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
     let http = server.running.http_addr;
     assert_eq!(http_get(http, "/healthcheck").await.0, 200);
     server.running.stop().await.unwrap();
