@@ -76,6 +76,10 @@ struct Planned<'r> {
     hits: u64,
     /// Named by another matched limit's `replaces`: kept only when explaining, never checked.
     replaced: bool,
+    /// The hits of the other occurrences of this counter in the request (a descriptor named
+    /// twice), before and after this one: each occurrence reports as if charged in order.
+    earlier_hits: u64,
+    later_hits: u64,
 }
 
 impl<S: Store> Engine<S> {
@@ -278,6 +282,8 @@ fn plan<'r>(
                 kind,
                 hits: d.hits,
                 replaced: is_replaced,
+                earlier_hits: 0,
+                later_hits: 0,
             });
         }
     }
@@ -321,7 +327,50 @@ fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Ch
             }
         }
     }
+    // Where each occurrence of a merged counter stands among the others, in request order.
+    let mut charged = vec![0u64; checks.len()];
+    for p in planned.iter_mut().filter(|p| p.kind != CheckKind::Refund) {
+        p.earlier_hits = charged[p.check];
+        charged[p.check] = charged[p.check].saturating_add(p.hits);
+    }
+    for p in planned.iter_mut().filter(|p| p.kind != CheckKind::Refund) {
+        p.later_hits = charged[p.check]
+            .saturating_sub(p.earlier_hits)
+            .saturating_sub(p.hits);
+    }
     checks
+}
+
+/// One occurrence's share of its counter's verdict, as the reference service reports a
+/// descriptor named twice: each occurrence as if charged in request order (limit 20, unused:
+/// remaining 19, then 18). The decision stays the counter's, all or nothing: when the sum does
+/// not fit, nothing is consumed, the occurrences that would still have fit report OK and the
+/// rest OVER_LIMIT.
+fn occurrence(v: Verdict, p: &Planned<'_>) -> Verdict {
+    if p.kind == CheckKind::Refund || (p.earlier_hits == 0 && p.later_hits == 0) {
+        return v;
+    }
+    if v.allowed {
+        return Verdict {
+            remaining: v.remaining.saturating_add(p.later_hits),
+            ..v
+        };
+    }
+    // Denied: nothing was consumed, and `remaining` is what was left before the request.
+    let through = p.earlier_hits.saturating_add(p.hits);
+    if through <= v.remaining {
+        Verdict {
+            allowed: true,
+            remaining: v.remaining - through,
+            retry_after_us: 0,
+            ..v
+        }
+    } else {
+        Verdict {
+            remaining: v.remaining.saturating_sub(p.earlier_hits),
+            ..v
+        }
+    }
 }
 
 /// What the engine does with a request, stage by stage, without applying it: `sluice explain`
@@ -441,7 +490,7 @@ fn report(
 ) -> Decision {
     let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
     for p in planned {
-        let v = &outcome.verdicts[p.check];
+        let v = &occurrence(outcome.verdicts[p.check], p);
         let slot = &mut chosen[p.descriptor];
         let better = match slot {
             None => true,
