@@ -150,13 +150,21 @@ struct ServeArgs {
     /// Hybrid: a lease covers about this much of the node's recent traffic for its counter.
     #[arg(long, env = "SLUICE_LEASE_TARGET", default_value = "100ms", value_parser = parse_duration)]
     lease_target: Duration,
-    /// Headers sluice adds: a comma list of retry-after, draft03, ietf, or none.
+    /// Headers sluice adds: a comma list of retry-after, draft03, ietf, ratelimit, or none.
     #[arg(
         long,
         env = "SLUICE_RESPONSE_HEADERS",
         default_value = "retry-after,draft03"
     )]
     response_headers: String,
+    /// `ratelimit` headers: the names of the limit, remaining and reset headers (the reference
+    /// service's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER).
+    #[arg(
+        long,
+        env = "SLUICE_RATELIMIT_HEADER_NAMES",
+        default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset"
+    )]
+    ratelimit_header_names: String,
     /// Watch --config and reload on change (SIGHUP reloads too, whatever this says).
     #[arg(long, env = "SLUICE_WATCH", default_value_t = true, action = clap::ArgAction::Set)]
     watch: bool,
@@ -332,7 +340,30 @@ fn explain(
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let headers = HeaderSet::parse(&args.response_headers)?;
+    let mut headers = HeaderSet::parse(&args.response_headers)?;
+    if let Some(names) = &mut headers.ratelimit {
+        let parts: Vec<&str> = args
+            .ratelimit_header_names
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let [limit, remaining, reset] = parts[..] else {
+            anyhow::bail!(
+                "--ratelimit-header-names takes three comma-separated names (limit, remaining, reset), not '{}'",
+                args.ratelimit_header_names
+            );
+        };
+        for name in [limit, remaining, reset] {
+            tonic::codegen::http::HeaderName::from_bytes(name.as_bytes()).with_context(|| {
+                format!("--ratelimit-header-names: '{name}' is not a header name")
+            })?;
+        }
+        *names = sluice::service::LimitHeaderNames {
+            limit: limit.into(),
+            remaining: remaining.into(),
+            reset: reset.into(),
+        };
+    }
     let rules = load_path(&args.config)
         .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display()))?;
     tracing::info!(

@@ -70,6 +70,25 @@ fn serve_refuses_invalid_rules_with_the_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn serve_refuses_bad_header_names_with_the_reason() {
+    for (names, reason) in [
+        ("a,b", "takes three comma-separated names"),
+        ("a,b c,d", "'b c' is not a header name"),
+    ] {
+        let out = sluice()
+            .args(["serve", "--config", "config"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--response-headers", "ratelimit"])
+            .args(["--ratelimit-header-names", names])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{names}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{names}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn serve_answers_and_exits_0_on_sigterm() {
     let http = common::free_port();

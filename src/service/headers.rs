@@ -6,6 +6,9 @@
 //!   the two, not both, or clients see every header twice.
 //! - `ietf`: `ratelimit-policy` and `ratelimit` structured fields
 //!   (draft-ietf-httpapi-ratelimit-headers), one item per limited status.
+//! - `ratelimit`: the reference service's `LIMIT_RESPONSE_HEADERS_ENABLED` headers,
+//!   `RateLimit-Limit`, `-Remaining` and `-Reset` (names configurable), plain integers of one
+//!   status: the last OVER_LIMIT one, else the one with the least remaining.
 
 use std::fmt::Write;
 
@@ -13,15 +16,38 @@ use super::ceil_seconds;
 use crate::engine::{Code, Decision, Status};
 use crate::proto::HeaderValue;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HeaderSet {
     pub retry_after: bool,
     pub draft03: bool,
     pub ietf: bool,
+    /// The reference service's three headers, with these names.
+    pub ratelimit: Option<LimitHeaderNames>,
+}
+
+/// The names of the `ratelimit` style's headers (the reference's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitHeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for LimitHeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown response header set '{0}' (expected retry-after, draft03, ietf or none)")]
+#[error(
+    "unknown response header set '{0}' (expected retry-after, draft03, ietf, ratelimit or none)"
+)]
 pub struct HeaderSetError(String);
 
 impl HeaderSet {
@@ -33,6 +59,7 @@ impl HeaderSet {
                 "retry-after" => set.retry_after = true,
                 "draft03" => set.draft03 = true,
                 "ietf" => set.ietf = true,
+                "ratelimit" => set.ratelimit = Some(LimitHeaderNames::default()),
                 "none" => {}
                 _ => return Err(HeaderSetError(item.to_owned())),
             }
@@ -45,7 +72,9 @@ impl HeaderSet {
         let limited = d.statuses.iter().any(|s| s.limit.is_some());
         let count = usize::from(retry_after)
             + if limited {
-                3 * usize::from(self.draft03) + 2 * usize::from(self.ietf)
+                3 * usize::from(self.draft03)
+                    + 2 * usize::from(self.ietf)
+                    + 3 * usize::from(self.ratelimit.is_some())
             } else {
                 0
             };
@@ -70,8 +99,33 @@ impl HeaderSet {
         if self.ietf {
             ietf(&limited, &mut out);
         }
+        if let Some(names) = &self.ratelimit {
+            reference_style(&limited, names, &mut out);
+        }
         out
     }
+}
+
+/// As the reference service picks its one status: the last OVER_LIMIT one, else the one with
+/// the least remaining (the first on ties).
+fn reference_style(
+    limited: &[(usize, &Status)],
+    names: &LimitHeaderNames,
+    out: &mut Vec<HeaderValue>,
+) {
+    let lead = limited
+        .iter()
+        .rev()
+        .find(|(_, s)| s.code == Code::OverLimit)
+        .or_else(|| limited.iter().min_by_key(|(_, s)| s.remaining));
+    let Some((_, lead)) = lead else { return };
+    let limit = lead.limit.as_ref().expect("limited statuses have a limit");
+    out.push(header(&names.limit, limit.requests_per_unit.to_string()));
+    out.push(header(
+        &names.remaining,
+        lead.remaining.min(u32::MAX as u64).to_string(),
+    ));
+    out.push(header(&names.reset, reset_seconds(lead).to_string()));
 }
 
 fn header(key: &str, value: String) -> HeaderValue {

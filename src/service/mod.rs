@@ -10,7 +10,7 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-pub use headers::{HeaderSet, HeaderSetError};
+pub use headers::{HeaderSet, HeaderSetError, LimitHeaderNames};
 
 use crate::engine::{self, Code, Decision, Engine, EngineError, LimitOverride};
 use crate::metrics::{CallResult, Metrics};

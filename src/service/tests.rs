@@ -211,14 +211,67 @@ fn ietf_structured_fields() {
 }
 
 #[test]
+fn reference_style_headers_describe_one_status_as_the_reference_picks_it() {
+    // The reference's test: 10/MINUTE, nothing left, 58 s to the window's end.
+    let d = decision(
+        Code::Ok,
+        vec![
+            limited(10, Unit::Minute, 1, None, 0, 58_000_000),
+            DStatus::ok_without_limit(),
+            limited(100, Unit::Hour, 1, None, 7, 3_000_000_000),
+        ],
+        None,
+    );
+    let set = HeaderSet {
+        ratelimit: Some(LimitHeaderNames {
+            limit: "A-Ratelimit-Limit".into(),
+            remaining: "A-Ratelimit-Remaining".into(),
+            reset: "A-Ratelimit-Reset".into(),
+        }),
+        ..HeaderSet::default()
+    };
+    let shown = |d: &Decision| -> Vec<(String, String)> {
+        set.render(d)
+            .into_iter()
+            .map(|h| (h.key, h.value))
+            .collect()
+    };
+    assert_eq!(
+        shown(&d),
+        [
+            ("A-Ratelimit-Limit".into(), "10".into()),
+            ("A-Ratelimit-Remaining".into(), "0".into()),
+            ("A-Ratelimit-Reset".into(), "58".into()),
+        ]
+    );
+    // An OVER_LIMIT status wins over a smaller remaining; of several, the last.
+    let mut first = limited(5, Unit::Second, 1, None, 0, 1_000_000);
+    first.code = Code::OverLimit;
+    let mut last = limited(50, Unit::Minute, 1, None, 3, 2_000_000);
+    last.code = Code::OverLimit;
+    let over = decision(
+        Code::OverLimit,
+        vec![first, limited(9, Unit::Second, 1, None, 0, 1), last],
+        Some(2_000_000),
+    );
+    assert_eq!(shown(&over)[0], ("A-Ratelimit-Limit".into(), "50".into()));
+    // No limited status, no headers.
+    assert!(shown(&decision(Code::Ok, vec![DStatus::ok_without_limit()], None)).is_empty());
+}
+
+#[test]
 fn header_set_parsing() {
     assert_eq!(
         HeaderSet::parse("retry-after, draft03").unwrap(),
         HeaderSet {
             retry_after: true,
             draft03: true,
-            ietf: false
+            ..HeaderSet::default()
         }
+    );
+    assert_eq!(
+        HeaderSet::parse("ratelimit").unwrap().ratelimit,
+        Some(LimitHeaderNames::default())
     );
     assert_eq!(HeaderSet::parse("none").unwrap(), HeaderSet::default());
     assert!(HeaderSet::parse("draft3").is_err());
