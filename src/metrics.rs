@@ -170,7 +170,10 @@ impl Metrics {
             "sluice_rules_last_reload_timestamp_seconds",
             "When the rules now serving were loaded (Unix time).",
         );
-        let rules_loaded = gauge("sluice_rules_loaded", "Rules (limits) loaded.");
+        let rules_loaded = gauge(
+            "sluice_rules_loaded",
+            "Rules loaded (a rule with several limits counts once).",
+        );
         let keys = gauge(
             "sluice_memory_keys",
             "Counters held in this process's memory.",
