@@ -187,7 +187,13 @@ struct ServeArgs {
     /// not wake its connection's writer at once, so responses leave in batches.
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
-    /// On SIGTERM, how long in-flight calls may take to finish before sluice exits anyway.
+    /// On SIGTERM, how long sluice keeps answering calls with health NOT_SERVING before it
+    /// closes its listeners, so Envoys and Kubernetes stop sending first (a second SIGTERM or
+    /// SIGINT ends the wait).
+    #[arg(long, env = "SLUICE_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    drain_delay: Duration,
+    /// On SIGTERM, after the drain, how long in-flight calls may take to finish before sluice
+    /// exits anyway.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     shutdown_grace: Duration,
     /// Most descriptors in one request.
@@ -393,6 +399,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config: args.config.clone(),
         watch: args.watch,
         shutdown_grace: args.shutdown_grace,
+        drain_delay: args.drain_delay,
     };
     let runtime = runtime(args.worker_threads).context("starting the async runtime")?;
     let topology = match args.backend {
@@ -450,6 +457,7 @@ struct Live {
     config: PathBuf,
     watch: bool,
     shutdown_grace: Duration,
+    drain_delay: Duration,
 }
 
 async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> anyhow::Result<()> {
@@ -494,6 +502,14 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     options.reloader = Some(reloader);
     let running = server::start(options, engine).await?;
     stop_signal.await;
+    if !live.drain_delay.is_zero() {
+        tracing::info!(delay = ?live.drain_delay, "draining: health NOT_SERVING, calls still answered");
+        running.drain().await;
+        tokio::select! {
+            _ = tokio::time::sleep(live.drain_delay) => {}
+            _ = shutdown_signal() => tracing::info!("second signal: the drain ends now"),
+        }
+    }
     tracing::info!("shutting down");
     sighup.abort();
     match tokio::time::timeout(live.shutdown_grace, running.stop()).await {

@@ -233,14 +233,21 @@ where
 }
 
 impl<S: Store> Running<S> {
-    /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
-    pub async fn stop(self) -> anyhow::Result<()> {
+    /// The start of a rollout's goodbye: gRPC health, `/healthcheck` and `/readyz` say this node
+    /// is going, so Envoy's health checks and Kubernetes move traffic away, while every call that
+    /// still arrives is answered as before.
+    pub async fn drain(&self) {
         self.serving.store(false, Ordering::Release);
         for name in HEALTH_NAMES {
             self.health
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;
         }
+    }
+
+    /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.drain().await;
         let _ = self.stop.send(true);
         for task in self.tasks {
             task.await.context("server task panicked")??;

@@ -89,11 +89,15 @@ fn serve_refuses_bad_header_names_with_the_reason() {
     }
 }
 
+/// SIGTERM starts the drain: health says the node is going, calls are still answered until
+/// `--drain-delay` ends, then the graceful stop, exit 0.
 #[tokio::test]
-async fn serve_answers_and_exits_0_on_sigterm() {
+async fn serve_drains_then_exits_0_on_sigterm() {
     let http = common::free_port();
     let grpc = common::free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
         .arg("serve")
         .env(
             "SLUICE_CONFIG",
@@ -102,27 +106,42 @@ async fn serve_answers_and_exits_0_on_sigterm() {
         .env("SLUICE_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
         .env("SLUICE_HTTP_ADDR", format!("127.0.0.1:{http}"))
         .env("SLUICE_LOG_FORMAT", "json")
+        .env("SLUICE_DRAIN_DELAY", "2s")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
-    common::wait_listening(addr).await;
-    assert_eq!(common::http_get(addr, "/healthcheck").await.0, 200);
+    common::wait_healthy(addr).await;
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.9"}]}]}"#;
     assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
 
     let pid = child.id().unwrap() as i32;
+    let terminated = Instant::now();
     let kill = Command::new("kill")
         .arg("-TERM")
         .arg(pid.to_string())
         .status()
         .unwrap();
     assert!(kill.success());
+    // Draining: readiness fails at once, calls are still answered.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while common::http_get(addr, "/readyz").await.0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "readiness did not fail on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(status.code(), Some(0));
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(2),
+        "stopped before the drain delay ended"
+    );
     let mut stderr = String::new();
     use tokio::io::AsyncReadExt;
     child
@@ -132,7 +151,58 @@ async fn serve_answers_and_exits_0_on_sigterm() {
         .read_to_string(&mut stderr)
         .await
         .unwrap();
+    assert!(stderr.contains("draining"), "{stderr}");
     assert!(stderr.contains("\"message\":\"stopped\""), "{stderr}");
+}
+
+/// A second SIGTERM during a long drain stops the node now (an operator who means it).
+#[tokio::test]
+async fn a_second_sigterm_ends_the_drain() {
+    let http = common::free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--drain-delay",
+            "60s",
+        ])
+        .arg("--config")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{http}"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_healthy(addr).await;
+    let pid = child.id().unwrap().to_string();
+    let term = || {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    term();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while common::http_get(addr, "/readyz").await.0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "readiness did not fail on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    term();
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("the second SIGTERM ended the 60 s drain")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
 }
 
 #[tokio::test]
@@ -141,7 +211,10 @@ async fn sighup_reloads_even_without_watching() {
     std::fs::write(dir.join("a.yaml"), "domain: a\n").unwrap();
     let http = common::free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
         .args(["serve", "--watch", "false", "--grpc-addr", "127.0.0.1:0"])
+        .args(["--drain-delay", "0s"])
         .arg("--config")
         .arg(&dir)
         .arg("--http-addr")

@@ -177,6 +177,8 @@ async fn every_metric_the_dashboard_queries_exists() {
     // The container health check speaks to the same server (async: the server runs on this
     // test's runtime).
     let probe = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
         .args([
             "probe",
             "--http-addr",

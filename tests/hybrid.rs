@@ -364,9 +364,11 @@ async fn a_node_stopped_with_sigterm_gives_its_leases_back() {
     .unwrap();
     let (http, grpc) = (common::free_port(), common::free_port());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
         .args(["serve", "--backend", "redis", "--mode", "hybrid"])
         // Leases outlive the test, so only the shutdown gives them back.
-        .args(["--lease-ttl", "3600s"])
+        .args(["--lease-ttl", "3600s", "--drain-delay", "0s"])
         .arg("--config")
         .arg(&dir)
         .args(["--redis-url", &redis.url(), "--redis-timeout", "1s"])

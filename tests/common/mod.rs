@@ -82,17 +82,43 @@ pub fn free_port() -> u16 {
 
 /// A minimal HTTP/1.1 client: enough for the admin endpoints, without another dependency.
 pub async fn http_call(addr: std::net::SocketAddr, raw: String) -> (u16, String) {
+    try_http_call(addr, &raw)
+        .await
+        .unwrap_or_else(|e| panic!("HTTP to {addr}: {e}"))
+}
+
+async fn try_http_call(addr: std::net::SocketAddr, raw: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(raw.as_bytes()).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(raw.as_bytes()).await?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response[9..12].parse().unwrap();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {response:?}")))?;
     let body = response
         .split_once("\r\n\r\n")
         .map_or("", |(_, b)| b)
         .to_string();
-    (status, body)
+    Ok((status, body))
+}
+
+/// Waits until a freshly started `sluice serve` answers `/healthcheck` with 200 (a port that
+/// accepts connections may not be serving HTTP yet).
+pub async fn wait_healthy(addr: std::net::SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let get = "GET /healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    loop {
+        match try_http_call(addr, get).await {
+            Ok((200, _)) => return,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "{addr} never became healthy: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
