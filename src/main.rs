@@ -182,6 +182,10 @@ struct ServeArgs {
     /// beyond it they are counted under rule="_other_".
     #[arg(long, env = "SLUICE_METRICS_MAX_SERIES", default_value_t = 10_000)]
     metrics_max_series: usize,
+    /// Serve `POST /json` on the HTTP port: a rate-limit call as JSON. It decides on the same
+    /// counters as Envoy's calls, so anyone who reaches the port can spend any client's quota.
+    #[arg(long, env = "SLUICE_JSON_ENDPOINT")]
+    json_endpoint: bool,
     /// Threads that serve calls (0: one per CPU this process may run on). With one, sluice runs
     /// on a single-threaded runtime: on one core that is faster, because a finished call does
     /// not wake its connection's writer at once, so responses leave in batches.
@@ -394,6 +398,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         housekeeping_every: Duration::from_secs(5),
         reloader: None,
         metrics: Some(metrics.clone()),
+        json: args.json_endpoint,
     };
     let live = Live {
         config: args.config.clone(),

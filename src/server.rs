@@ -35,6 +35,9 @@ pub struct Options {
     pub reloader: Option<Arc<Reloader>>,
     /// Serves `/metrics` and records calls; None for no metrics.
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Serves `POST /json` (it spends real quota: keep it off where untrusted clients reach the
+    /// HTTP port).
+    pub json: bool,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
@@ -88,7 +91,12 @@ pub async fn start<S: Store>(
     );
     let http = axum::serve(
         http_listener,
-        crate::admin::router(service, serving.clone(), options.reloader.clone()),
+        crate::admin::router(
+            service,
+            serving.clone(),
+            options.reloader.clone(),
+            options.json,
+        ),
     )
     .with_graceful_shutdown(signal(stopped.clone()));
 

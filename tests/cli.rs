@@ -107,6 +107,7 @@ async fn serve_drains_then_exits_0_on_sigterm() {
         .env("SLUICE_HTTP_ADDR", format!("127.0.0.1:{http}"))
         .env("SLUICE_LOG_FORMAT", "json")
         .env("SLUICE_DRAIN_DELAY", "2s")
+        .env("SLUICE_JSON_ENDPOINT", "true")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -368,7 +368,13 @@ async fn a_node_stopped_with_sigterm_gives_its_leases_back() {
         .kill_on_drop(true)
         .args(["serve", "--backend", "redis", "--mode", "hybrid"])
         // Leases outlive the test, so only the shutdown gives them back.
-        .args(["--lease-ttl", "3600s", "--drain-delay", "0s"])
+        .args([
+            "--lease-ttl",
+            "3600s",
+            "--drain-delay",
+            "0s",
+            "--json-endpoint",
+        ])
         .arg("--config")
         .arg(&dir)
         .args(["--redis-url", &redis.url(), "--redis-timeout", "1s"])

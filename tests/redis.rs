@@ -752,6 +752,7 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         housekeeping_every: Duration::from_secs(3600),
         reloader: None,
         metrics: None,
+        json: false,
     };
     let running = sluice::server::start(options, engine.clone())
         .await

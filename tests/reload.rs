@@ -51,6 +51,7 @@ async fn start_live(dir: &Path) -> Live {
         housekeeping_every: Duration::from_secs(3600),
         reloader: Some(reloader.clone()),
         metrics: None,
+        json: false,
     };
     let running = server::start(options, engine).await.unwrap();
     Live {
@@ -167,6 +168,19 @@ async fn edits_apply_while_traffic_flows_and_no_request_fails() {
     // Edit to new rules answering, as measured here (debounce 50 ms); see BENCHMARKS.md.
     eprintln!("reload latencies: {latencies:?}");
     live.running.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `POST /json` spends real quota, so a server that was not asked for it has no such endpoint.
+#[tokio::test]
+async fn the_json_endpoint_is_off_unless_asked_for() {
+    let dir = temp_dir("json-off");
+    std::fs::write(dir.join("a.yaml"), rules("a", 5, "fixed_window")).unwrap();
+    let live = start_live(&dir).await;
+    let http = live.running.http_addr;
+    let body = r#"{"domain":"a","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    assert_eq!(http_post(http, "/json", body).await.0, 404);
+    assert_eq!(http_get(http, "/healthcheck").await.0, 200);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -27,6 +27,7 @@ pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
         housekeeping_every: Duration::from_secs(5),
         reloader: None,
         metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
+        json: false,
     };
     let running = server::start(options, engine).await.unwrap();
     let addr = running.grpc_addr;

@@ -26,15 +26,23 @@ struct AdminState<S> {
 }
 
 /// `serving` is true while rules are loaded and the server is not shutting down.
+/// `json`: serve `POST /json`. Off by default: it decides on the same counters as Envoy's
+/// calls, so whoever reaches the HTTP port could spend any client's quota through it.
 pub fn router<S: Store>(
     service: Arc<RateLimitGrpc<S>>,
     serving: Arc<AtomicBool>,
     reloader: Option<Arc<Reloader>>,
+    json: bool,
 ) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthcheck", get(healthcheck::<S>))
-        .route("/readyz", get(readyz::<S>))
-        .route("/json", post(json_call::<S>))
+        .route("/readyz", get(readyz::<S>));
+    let router = if json {
+        router.route("/json", post(json_call::<S>))
+    } else {
+        router
+    };
+    router
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
         .route("/metrics", get(metrics::<S>))
