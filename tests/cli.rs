@@ -89,6 +89,23 @@ fn serve_refuses_bad_header_names_with_the_reason() {
     }
 }
 
+fn terminate(pid: &str) {
+    let kill = Command::new("kill").args(["-TERM", pid]).status().unwrap();
+    assert!(kill.success(), "kill -TERM {pid}");
+}
+
+/// Waits (bounded) until `/readyz` answers 503: the drain has begun.
+async fn wait_unready(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while common::http_get(addr, "/readyz").await.0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "readiness did not fail on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// SIGTERM starts the drain: health says the node is going, calls are still answered until
 /// `--drain-delay` ends, then the graceful stop, exit 0.
 #[tokio::test]
@@ -116,23 +133,11 @@ async fn serve_drains_then_exits_0_on_sigterm() {
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.9"}]}]}"#;
     assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
 
-    let pid = child.id().unwrap() as i32;
+    let pid = child.id().unwrap().to_string();
     let terminated = Instant::now();
-    let kill = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    terminate(&pid);
     // Draining: readiness fails at once, calls are still answered.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while common::http_get(addr, "/readyz").await.0 != 503 {
-        assert!(
-            Instant::now() < deadline,
-            "readiness did not fail on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_unready(addr).await;
     assert_eq!(common::http_post(addr, "/json", body).await.0, 429);
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
@@ -180,25 +185,9 @@ async fn a_second_sigterm_ends_the_drain() {
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
     common::wait_healthy(addr).await;
     let pid = child.id().unwrap().to_string();
-    let term = || {
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    term();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while common::http_get(addr, "/readyz").await.0 != 503 {
-        assert!(
-            Instant::now() < deadline,
-            "readiness did not fail on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    term();
+    terminate(&pid);
+    wait_unready(addr).await;
+    terminate(&pid);
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
         .await
         .expect("the second SIGTERM ended the 60 s drain")
