@@ -374,6 +374,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             reset: reset.into(),
         };
     }
+    if !args.config.exists() {
+        // The default is relative: started from another directory, it names nothing.
+        let resolved = std::env::current_dir()
+            .map(|d| d.join(&args.config))
+            .unwrap_or_else(|_| args.config.clone());
+        anyhow::bail!(
+            "no rules at {} ({}): pass --config FILE_OR_DIRECTORY or set SLUICE_CONFIG",
+            args.config.display(),
+            resolved.display()
+        );
+    }
     let rules = load_path(&args.config)
         .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display()))?;
     tracing::info!(

@@ -71,6 +71,32 @@ fn serve_refuses_invalid_rules_with_the_reason() {
 }
 
 #[test]
+fn serve_without_rules_says_where_it_looked() {
+    let dir = common::temp_dir("no-config");
+    let out = sluice()
+        .current_dir(&dir)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env_remove("SLUICE_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no rules at config/"), "{err}");
+    assert!(
+        err.contains(&dir.join("config/").display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("--config"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn serve_refuses_bad_header_names_with_the_reason() {
     for (names, reason) in [
         ("a,b", "takes three comma-separated names"),

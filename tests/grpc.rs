@@ -244,6 +244,26 @@ async fn health_serves_every_name_and_flips_on_stop() {
 }
 
 #[tokio::test]
+async fn rlconfig_lists_each_plans_limits() {
+    let rules = "domain: p\ndescriptors:\n  - key: plan\n    descriptors:\n      - key: user\n        plan: {entry: plan}\nplans:\n  free:\n    default:\n      - {unit: second, requests_per_unit: 2, name: per_second}\n      - {unit: day, requests_per_unit: 1000}\n  enterprise: unlimited\ndefault_plan: free\n";
+    let server = start(rules, "none", EngineSettings::default()).await;
+    let (status, body) = http_get(server.running.http_addr, "/rlconfig").await;
+    assert_eq!(status, 200);
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(
+        lines,
+        // Plans by name; a plan's limits carry its name (what statuses report).
+        [
+            "p.plan.user: plan enterprise: unlimited, shadow_mode: false, quota_mode: false",
+            "p.plan.user: plan free: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false, algorithm: fixed_window, name: free:per_second",
+            "p.plan.user: plan free: unit=DAY requests_per_unit=1000, shadow_mode: false, quota_mode: false, algorithm: fixed_window, name: free:day",
+        ],
+        "{body}"
+    );
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn json_endpoint() {
     let server = start(RULES, "retry-after", EngineSettings::default()).await;
     let http = server.running.http_addr;

@@ -53,7 +53,8 @@ pub fn router<S: Store>(
         }))
 }
 
-/// One line per limit, like the reference service's `/rlconfig`, plus the algorithm.
+/// One line per limit, like the reference service's `/rlconfig`, plus the algorithm. A rule
+/// whose limits come from the caller's plan has a line per plan and limit, `plan <name>` first.
 async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let rules = state.service.engine().rules();
     let mut domains: Vec<_> = rules.domains().collect();
@@ -65,33 +66,63 @@ async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response
                 "shadow_mode: {}, quota_mode: {}",
                 rule.shadow_mode, rule.quota_mode
             );
+            let at = format!("{}.{}", d.name, rule.path);
             if rule.unlimited {
-                out.push_str(&format!("{}.{}: unlimited, {flags}\n", d.name, rule.path));
+                out.push_str(&format!("{at}: unlimited, {flags}\n"));
             }
             for t in &rule.tiers {
-                let multiplier = if t.unit_multiplier == 1 {
-                    String::new()
-                } else {
-                    format!(" unit_multiplier={}", t.unit_multiplier)
-                };
-                let name = t
-                    .name
-                    .as_deref()
-                    .map(|n| format!(", name: {n}"))
-                    .unwrap_or_default();
-                let burst = if t.limit.algorithm.has_burst() {
-                    format!(" burst={}", t.limit.burst)
-                } else {
-                    String::new()
-                };
                 out.push_str(&format!(
-                    "{}.{}: unit={}{multiplier} requests_per_unit={}, {flags}, algorithm: {}{burst}{name}\n",
-                    d.name, rule.path, t.unit, t.requests_per_unit, t.limit.algorithm
+                    "{at}: {}, {flags}{}\n",
+                    tier_line(t),
+                    tier_extras(t)
                 ));
+            }
+            let Some(plan_ref) = &rule.plan else { continue };
+            for plan in d.plans() {
+                if plan.unlimited {
+                    out.push_str(&format!("{at}: plan {}: unlimited, {flags}\n", plan.name));
+                    continue;
+                }
+                for t in plan.groups.get(&plan_ref.group).into_iter().flatten() {
+                    out.push_str(&format!(
+                        "{at}: plan {}: {}, {flags}{}\n",
+                        plan.name,
+                        tier_line(t),
+                        tier_extras(t)
+                    ));
+                }
             }
         }
     }
     (StatusCode::OK, out).into_response()
+}
+
+/// `unit=MINUTE requests_per_unit=20`, as the reference prints a limit.
+fn tier_line(t: &crate::rules::Tier) -> String {
+    let multiplier = if t.unit_multiplier == 1 {
+        String::new()
+    } else {
+        format!(" unit_multiplier={}", t.unit_multiplier)
+    };
+    format!(
+        "unit={}{multiplier} requests_per_unit={}",
+        t.unit, t.requests_per_unit
+    )
+}
+
+/// What sluice adds after the reference's fields: the algorithm, a burst, the name.
+fn tier_extras(t: &crate::rules::Tier) -> String {
+    let burst = if t.limit.algorithm.has_burst() {
+        format!(" burst={}", t.limit.burst)
+    } else {
+        String::new()
+    };
+    let name = t
+        .name
+        .as_deref()
+        .map(|n| format!(", name: {n}"))
+        .unwrap_or_default();
+    format!(", algorithm: {}{burst}{name}", t.limit.algorithm)
 }
 
 /// What the rules reloads did: when the serving rules were loaded, counts, and the last
