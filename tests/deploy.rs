@@ -108,6 +108,18 @@ fn istio_envoyfilters_wire_the_gateway_to_sluice() {
         filter["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"],
         "outbound|8081||sluice.sluice.svc.cluster.local"
     );
+    // The route actions reach plain HTTP and HTTPS gateways alike.
+    let vhosts: Vec<&str> = docs[1]["spec"]["configPatches"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["match"]["routeConfiguration"]["vhost"]["name"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(vhosts, ["*:80", "*:443"]);
 }
 
 #[test]
