@@ -7,6 +7,10 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY src src
 COPY benches benches
+# The shipped binary carries no debug info (the repository's release profile keeps some for
+# profiling): Cargo's own profile overrides, no extra tool.
+ENV CARGO_PROFILE_RELEASE_DEBUG=0 \
+    CARGO_PROFILE_RELEASE_STRIP=symbols
 RUN cargo build --release --locked --bin sluice
 
 FROM debian:bookworm-slim
