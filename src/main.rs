@@ -14,7 +14,7 @@ use sluice::metrics::Metrics;
 use sluice::rules::load_path;
 use sluice::rules::reload::Reloader;
 use sluice::server::{self, Options};
-use sluice::service::HeaderSet;
+use sluice::service::{HeaderSet, LimitHeaderNames};
 use sluice::store::redis::{RedisOptions, Topology, redact};
 use sluice::store::{
     BackendConfig, BackendObserver, FailureMode, LeaseOptions, Mode, Store, StoreConfig, build,
@@ -352,27 +352,7 @@ fn explain(
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut headers = HeaderSet::parse(&args.response_headers)?;
     if let Some(names) = &mut headers.ratelimit {
-        let parts: Vec<&str> = args
-            .ratelimit_header_names
-            .split(',')
-            .map(str::trim)
-            .collect();
-        let [limit, remaining, reset] = parts[..] else {
-            anyhow::bail!(
-                "--ratelimit-header-names takes three comma-separated names (limit, remaining, reset), not '{}'",
-                args.ratelimit_header_names
-            );
-        };
-        for name in [limit, remaining, reset] {
-            tonic::codegen::http::HeaderName::from_bytes(name.as_bytes()).with_context(|| {
-                format!("--ratelimit-header-names: '{name}' is not a header name")
-            })?;
-        }
-        *names = sluice::service::LimitHeaderNames {
-            limit: limit.into(),
-            remaining: remaining.into(),
-            reset: reset.into(),
-        };
+        *names = LimitHeaderNames::parse(&args.ratelimit_header_names)?;
     }
     if !args.config.exists() {
         // The default is relative: started from another directory, it names nothing.

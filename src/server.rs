@@ -24,6 +24,13 @@ use crate::store::Store;
 /// written for it keep working).
 pub const HEALTH_NAMES: [&str; 3] = ["", SERVICE_NAME, "ratelimit"];
 
+/// Every health name says `status`.
+async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    for name in HEALTH_NAMES {
+        health.set_service_status(name, status).await;
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub grpc_addr: SocketAddr,
@@ -65,11 +72,7 @@ pub async fn start<S: Store>(
     let http_addr = http_listener.local_addr()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for name in HEALTH_NAMES {
-        health
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
-    }
+    set_health(&health, ServingStatus::Serving).await;
     let serving = Arc::new(AtomicBool::new(true));
     let service = Arc::new(RateLimitGrpc::new(
         engine.clone(),
@@ -140,9 +143,7 @@ pub async fn start<S: Store>(
                     } else {
                         ServingStatus::NotServing
                     };
-                    for name in HEALTH_NAMES {
-                        health.set_service_status(name, status).await;
-                    }
+                    set_health(&health, status).await;
                     was_ready = ready;
                 }
             }
@@ -246,11 +247,7 @@ impl<S: Store> Running<S> {
     /// still arrives is answered as before.
     pub async fn drain(&self) {
         self.serving.store(false, Ordering::Release);
-        for name in HEALTH_NAMES {
-            self.health
-                .set_service_status(name, ServingStatus::NotServing)
-                .await;
-        }
+        set_health(&self.health, ServingStatus::NotServing).await;
     }
 
     /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.

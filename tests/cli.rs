@@ -115,6 +115,22 @@ fn serve_refuses_bad_header_names_with_the_reason() {
     }
 }
 
+/// `sluice serve` on `config`, HTTP on `http`, gRPC anywhere, with `extra` flags.
+fn serve(config: &std::path::Path, http: u16, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
+        .args(["serve", "--grpc-addr", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(config)
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{http}"))
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn terminate(pid: &str) {
     let kill = Command::new("kill").args(["-TERM", pid]).status().unwrap();
     assert!(kill.success(), "kill -TERM {pid}");
@@ -191,23 +207,8 @@ async fn serve_drains_then_exits_0_on_sigterm() {
 #[tokio::test]
 async fn a_second_sigterm_ends_the_drain() {
     let http = common::free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        // A failed test must not leave a server holding the test runner's output open.
-        .kill_on_drop(true)
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--drain-delay",
-            "60s",
-        ])
-        .arg("--config")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config"))
-        .arg("--http-addr")
-        .arg(format!("127.0.0.1:{http}"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let mut child = serve(config, http, &["--drain-delay", "60s"]);
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
     common::wait_healthy(addr).await;
     let pid = child.id().unwrap().to_string();
@@ -226,18 +227,7 @@ async fn sighup_reloads_even_without_watching() {
     let dir = common::temp_dir("sighup");
     std::fs::write(dir.join("a.yaml"), "domain: a\n").unwrap();
     let http = common::free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        // A failed test must not leave a server holding the test runner's output open.
-        .kill_on_drop(true)
-        .args(["serve", "--watch", "false", "--grpc-addr", "127.0.0.1:0"])
-        .args(["--drain-delay", "0s"])
-        .arg("--config")
-        .arg(&dir)
-        .arg("--http-addr")
-        .arg(format!("127.0.0.1:{http}"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = serve(&dir, http, &["--watch", "false", "--drain-delay", "0s"]);
     let addr = format!("127.0.0.1:{http}").parse().unwrap();
     common::wait_listening(addr).await;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -306,6 +306,8 @@ fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Ch
         match repeat {
             Some(j) => {
                 let c = &mut checks[j];
+                // What the earlier occurrences charged: this one reports as charged after them.
+                p.earlier_hits = c.hits;
                 c.hits = c.hits.saturating_add(p.hits);
                 if p.kind == CheckKind::Enforce {
                     c.kind = CheckKind::Enforce;
@@ -327,14 +329,10 @@ fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Ch
             }
         }
     }
-    // Where each occurrence of a merged counter stands among the others, in request order.
-    let mut charged = vec![0u64; checks.len()];
+    // A merged check's hits are the sum of its occurrences: what the later ones add is the rest.
     for p in planned.iter_mut().filter(|p| p.kind != CheckKind::Refund) {
-        p.earlier_hits = charged[p.check];
-        charged[p.check] = charged[p.check].saturating_add(p.hits);
-    }
-    for p in planned.iter_mut().filter(|p| p.kind != CheckKind::Refund) {
-        p.later_hits = charged[p.check]
+        p.later_hits = checks[p.check]
+            .hits
             .saturating_sub(p.earlier_hits)
             .saturating_sub(p.hits);
     }

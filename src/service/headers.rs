@@ -15,6 +15,7 @@ use std::fmt::Write;
 use super::ceil_seconds;
 use crate::engine::{Code, Decision, Status};
 use crate::proto::HeaderValue;
+use tonic::codegen::http;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HeaderSet {
@@ -44,11 +45,39 @@ impl Default for LimitHeaderNames {
     }
 }
 
+impl LimitHeaderNames {
+    /// Parses `LIMIT,REMAINING,RESET`: three valid header names.
+    pub fn parse(list: &str) -> Result<Self, HeaderSetError> {
+        let names: Vec<&str> = list.split(',').map(str::trim).collect();
+        let [limit, remaining, reset] = names[..] else {
+            return Err(HeaderSetError::NameCount(list.to_owned()));
+        };
+        for name in [limit, remaining, reset] {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(HeaderSetError::BadName(name.to_owned()));
+            }
+        }
+        Ok(Self {
+            limit: limit.into(),
+            remaining: remaining.into(),
+            reset: reset.into(),
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "unknown response header set '{0}' (expected retry-after, draft03, ietf, ratelimit or none)"
-)]
-pub struct HeaderSetError(String);
+pub enum HeaderSetError {
+    #[error(
+        "unknown response header set '{0}' (expected retry-after, draft03, ietf, ratelimit or none)"
+    )]
+    UnknownSet(String),
+    #[error(
+        "--ratelimit-header-names takes three comma-separated names (limit, remaining, reset), not '{0}'"
+    )]
+    NameCount(String),
+    #[error("--ratelimit-header-names: '{0}' is not a header name")]
+    BadName(String),
+}
 
 impl HeaderSet {
     /// Parses a comma list such as `retry-after,draft03`; `none` means no headers.
@@ -61,7 +90,7 @@ impl HeaderSet {
                 "ietf" => set.ietf = true,
                 "ratelimit" => set.ratelimit = Some(LimitHeaderNames::default()),
                 "none" => {}
-                _ => return Err(HeaderSetError(item.to_owned())),
+                _ => return Err(HeaderSetError::UnknownSet(item.to_owned())),
             }
         }
         Ok(set)
@@ -69,30 +98,27 @@ impl HeaderSet {
 
     pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
         let retry_after = self.retry_after && d.code == Code::OverLimit;
-        let limited = d.statuses.iter().any(|s| s.limit.is_some());
-        let count = usize::from(retry_after)
-            + if limited {
-                3 * usize::from(self.draft03)
-                    + 2 * usize::from(self.ietf)
-                    + 3 * usize::from(self.ratelimit.is_some())
-            } else {
-                0
-            };
-        // Most calls (no limit matched, or only the headers off) allocate nothing here.
-        let mut out = Vec::with_capacity(count);
-        if retry_after {
-            let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
-            out.push(header("retry-after", seconds.to_string()));
-        }
-        if !limited {
-            return out;
-        }
         let limited: Vec<(usize, &Status)> = d
             .statuses
             .iter()
             .enumerate()
             .filter(|(_, s)| s.limit.is_some())
             .collect();
+        let per_style = if limited.is_empty() {
+            0
+        } else {
+            3 * usize::from(self.draft03)
+                + 2 * usize::from(self.ietf)
+                + 3 * usize::from(self.ratelimit.is_some())
+        };
+        let mut out = Vec::with_capacity(usize::from(retry_after) + per_style);
+        if retry_after {
+            let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
+            out.push(header("retry-after", seconds.to_string()));
+        }
+        if limited.is_empty() {
+            return out;
+        }
         if self.draft03 {
             draft03(&limited, &mut out);
         }
