@@ -11,8 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::metrics::Metrics;
-use sluice::rules::load_path;
 use sluice::rules::reload::Reloader;
+use sluice::rules::{LoadOptions, load_path_with};
 use sluice::server::{self, Options};
 use sluice::service::{HeaderSet, LimitHeaderNames};
 use sluice::store::redis::{RedisOptions, Topology, redact};
@@ -35,6 +35,10 @@ struct Cli {
     /// Log format on stderr; the level comes from RUST_LOG (default info).
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// Rules files naming the same domain add their descriptors to it (the reference's
+    /// MERGE_DOMAIN_CONFIG); without it a domain in two files is an error.
+    #[arg(long, env = "SLUICE_MERGE_DOMAINS", global = true)]
+    merge_domains: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -171,6 +175,14 @@ struct ServeArgs {
     /// Global shadow mode: the overall answer is always OK; statuses tell the truth.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     shadow_mode: bool,
+    /// Global quota mode: every descriptor is in quota mode (the request is OVER_LIMIT only when
+    /// all of them are over, or a rule without quota mode is).
+    #[arg(long, env = "SLUICE_QUOTA_MODE")]
+    quota_mode: bool,
+    /// Answer with `dynamic_metadata`: the domain, the descriptors, and the merged `metadata:` of
+    /// the rules that allowed (for quota-based routing and access logs).
+    #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA")]
+    response_dynamic_metadata: bool,
     /// Most counters the memory store holds; past it, requests that need a new counter get
     /// UNAVAILABLE (Envoy's failure_mode_deny decides) until expired ones are swept.
     #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 10_000_000)]
@@ -214,8 +226,11 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    let load = LoadOptions {
+        merge_domains: cli.merge_domains,
+    };
     match cli.command {
-        Command::Validate { path } => validate(&path),
+        Command::Validate { path } => validate(&path, load),
         Command::Probe { http_addr } => probe(http_addr),
         Command::Schema => {
             println!(
@@ -229,8 +244,8 @@ fn main() -> ExitCode {
             domain,
             descriptors,
             redis_key_prefix,
-        } => explain(&config, &domain, &descriptors, &redis_key_prefix),
-        Command::Serve(args) => match serve(*args) {
+        } => explain(&config, &domain, &descriptors, &redis_key_prefix, load),
+        Command::Serve(args) => match serve(*args, load) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice: {e:#}");
@@ -252,8 +267,8 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn validate(path: &std::path::Path) -> ExitCode {
-    match load_path(path) {
+fn validate(path: &std::path::Path, load: LoadOptions) -> ExitCode {
+    match load_path_with(path, load) {
         Ok(rules) => {
             println!(
                 "ok: {} domains, {} rules",
@@ -322,8 +337,9 @@ fn explain(
     domain: &str,
     descriptors: &[String],
     prefix: &str,
+    load: LoadOptions,
 ) -> ExitCode {
-    let rules = match load_path(config) {
+    let rules = match load_path_with(config, load) {
         Ok(rules) => rules,
         Err(errors) => {
             println!("{errors}");
@@ -349,7 +365,7 @@ fn explain(
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
+fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
     let mut headers = HeaderSet::parse(&args.response_headers)?;
     if let Some(names) = &mut headers.ratelimit {
         *names = LimitHeaderNames::parse(&args.ratelimit_header_names)?;
@@ -365,7 +381,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             resolved.display()
         );
     }
-    let rules = load_path(&args.config)
+    let rules = load_path_with(&args.config, load)
         .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display()))?;
     tracing::info!(
         config = %args.config.display(),
@@ -375,6 +391,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let settings = EngineSettings {
         global_shadow: args.shadow_mode,
+        global_quota: args.quota_mode,
         bounds: Bounds {
             max_descriptors: args.max_descriptors,
             max_entries: args.max_entries,
@@ -390,12 +407,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         reloader: None,
         metrics: Some(metrics.clone()),
         json: args.json_endpoint,
+        dynamic_metadata: args.response_dynamic_metadata,
     };
     let live = Live {
         config: args.config.clone(),
         watch: args.watch,
         shutdown_grace: args.shutdown_grace,
         drain_delay: args.drain_delay,
+        load,
     };
     let runtime = runtime(args.worker_threads).context("starting the async runtime")?;
     let topology = match args.backend {
@@ -454,6 +473,7 @@ struct Live {
     watch: bool,
     shutdown_grace: Duration,
     drain_delay: Duration,
+    load: LoadOptions,
 }
 
 async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> anyhow::Result<()> {
@@ -462,7 +482,8 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
         let engine = engine.clone();
         let reloader = Reloader::new(live.config, &engine.rules(), move |rules| {
             engine.replace_rules(rules)
-        });
+        })
+        .with_load_options(live.load);
         Arc::new(match &options.metrics {
             Some(m) => reloader.with_metrics(m.clone()),
             None => reloader,

@@ -45,6 +45,8 @@ pub struct Options {
     /// Serves `POST /json` (it spends real quota: keep it off where untrusted clients reach the
     /// HTTP port).
     pub json: bool,
+    /// Answers carry `dynamic_metadata` (`--response-dynamic-metadata`).
+    pub dynamic_metadata: bool,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
@@ -74,11 +76,10 @@ pub async fn start<S: Store>(
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::Serving).await;
     let serving = Arc::new(AtomicBool::new(true));
-    let service = Arc::new(RateLimitGrpc::new(
-        engine.clone(),
-        options.headers,
-        options.metrics.clone(),
-    ));
+    let service = Arc::new(
+        RateLimitGrpc::new(engine.clone(), options.headers, options.metrics.clone())
+            .with_dynamic_metadata(options.dynamic_metadata),
+    );
     let (stop, stopped) = watch::channel(false);
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

@@ -288,3 +288,84 @@ async fn json_endpoint() {
     assert_eq!(status, 400);
     server.running.stop().await.unwrap();
 }
+
+const QUOTA_RULES: &str = r#"
+domain: routing
+descriptors:
+  - key: pool
+    value: primary
+    quota_mode: true
+    metadata: {upstream: {cluster: primary, tier: gold}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: pool
+    value: overflow
+    quota_mode: true
+    metadata: {upstream: {cluster: overflow, zone: b}, note: second}
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+/// A `google.protobuf.Struct` as JSON-ish text, so the whole of it is compared at once.
+fn show(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => format!("{s:?}"),
+        Some(Kind::NumberValue(n)) => n.to_string(),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::StructValue(s)) => show_struct(s),
+        Some(Kind::ListValue(l)) => {
+            let items: Vec<String> = l.values.iter().map(show).collect();
+            format!("[{}]", items.join(","))
+        }
+        Some(Kind::NullValue(_)) | None => "null".into(),
+    }
+}
+
+fn show_struct(s: &prost_types::Struct) -> String {
+    let fields: Vec<String> = s
+        .fields
+        .iter()
+        .map(|(k, v)| format!("{k}:{}", show(v)))
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+#[tokio::test]
+async fn quota_mode_routes_by_dynamic_metadata_until_every_pool_is_spent() {
+    let server = start(QUOTA_RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    let call = || {
+        let mut r = request(
+            "routing",
+            vec![
+                descriptor(&[("pool", "primary")]),
+                descriptor(&[("pool", "overflow")]),
+            ],
+        );
+        r.hits_addend = 1;
+        r
+    };
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let metadata = r.dynamic_metadata.as_ref().expect("dynamic metadata is on");
+    assert_eq!(
+        show_struct(metadata),
+        concat!(
+            r#"{descriptors:[{entries:["pool=primary"]},{entries:["pool=overflow"]}],domain:"routing","#,
+            r#"hitsAddend:1,metadata:{note:"second",upstream:{cluster:"primary",tier:"gold",zone:"b"}}}"#
+        )
+    );
+    // primary is spent: still OK (overflow has quota), and only overflow's metadata remains.
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    let metadata = show_struct(r.dynamic_metadata.as_ref().unwrap());
+    assert!(
+        metadata.ends_with(r#"metadata:{note:"second",upstream:{cluster:"overflow",zone:"b"}}}"#),
+        "{metadata}"
+    );
+    // Both spent: OVER_LIMIT, and no rule's metadata.
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let metadata = show_struct(r.dynamic_metadata.as_ref().unwrap());
+    assert!(!metadata.contains("metadata:"), "{metadata}");
+}

@@ -53,6 +53,14 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 40}
   - key: sliding_bulk
     rate_limit: {unit: minute, requests_per_unit: 40, algorithm: sliding_window}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: quota_b
+    quota_mode: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
+      - {unit: minute, requests_per_unit: 30, algorithm: sliding_window}
 "#;
 
 fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
@@ -98,7 +106,7 @@ fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
 }
 
 fn random_request(rng: &mut Rng) -> Request {
-    const KEYS: [&str; 11] = [
+    const KEYS: [&str; 13] = [
         "fixed",
         "sliding",
         "log",
@@ -110,6 +118,8 @@ fn random_request(rng: &mut Rng) -> Request {
         "shadow",
         "bulk",
         "sliding_bulk",
+        "quota_a",
+        "quota_b",
     ];
     const VALUES: [&str; 3] = ["a", "b{x}", "c:}{"];
     let n = 1 + rng.below(3) as usize;
@@ -252,7 +262,10 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_decides_exactly_as_memory() {
     let redis = RedisServer::start();
-    for seed in [1, 2, 3] {
+    // DIFF_SEEDS=N runs seeds 1..=N (a longer search than CI's three).
+    let seeds: u64 =
+        std::env::var("DIFF_SEEDS").map_or(3, |n| n.parse().expect("DIFF_SEEDS is a number"));
+    for seed in 1..=seeds {
         redis.cli(&["FLUSHALL"]);
         differential(Topology::Standalone(redis.url()), seed, 400).await;
     }
@@ -271,7 +284,14 @@ async fn redis_decides_exactly_as_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_decides_exactly_as_memory() {
     let cluster = RedisCluster::start();
-    differential(Topology::Cluster(cluster.urls()), 7, 400).await;
+    let seeds: u64 =
+        std::env::var("DIFF_SEEDS").map_or(1, |n| n.parse().expect("DIFF_SEEDS is a number"));
+    for seed in 7..7 + seeds {
+        for node in &cluster.nodes {
+            node.cli(&["FLUSHALL"]);
+        }
+        differential(Topology::Cluster(cluster.urls()), seed, 400).await;
+    }
     // Keys are spread over the masters (values with braces did not pin them to one slot).
     let per_node: Vec<usize> = cluster
         .nodes
@@ -753,6 +773,7 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         reloader: None,
         metrics: None,
         json: false,
+        dynamic_metadata: false,
     };
     let running = sluice::server::start(options, engine.clone())
         .await

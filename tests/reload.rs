@@ -52,6 +52,7 @@ async fn start_live(dir: &Path) -> Live {
         reloader: Some(reloader.clone()),
         metrics: None,
         json: false,
+        dynamic_metadata: false,
     };
     let running = server::start(options, engine).await.unwrap();
     Live {

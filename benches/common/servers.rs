@@ -28,6 +28,7 @@ pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
         reloader: None,
         metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
         json: false,
+        dynamic_metadata: false,
     };
     let running = server::start(options, engine).await.unwrap();
     let addr = running.grpc_addr;

@@ -30,6 +30,8 @@ pub enum EngineError {
 pub struct EngineSettings {
     /// Global shadow mode: the overall code is always OK; statuses tell the truth.
     pub global_shadow: bool,
+    /// Global quota mode: every descriptor is in quota mode (the reference's `QUOTA_MODE`).
+    pub global_quota: bool,
     pub bounds: Bounds,
 }
 
@@ -76,6 +78,9 @@ struct Planned<'r> {
     hits: u64,
     /// Named by another matched limit's `replaces`: kept only when explaining, never checked.
     replaced: bool,
+    /// Quota mode: the store applies it as a shadow check (its denial alone does not deny the
+    /// batch); the engine denies the request when every quota descriptor is over.
+    quota: bool,
     /// The hits of the other occurrences of this counter in the request (a descriptor named
     /// twice), before and after this one: each occurrence reports as if charged in order.
     earlier_hits: u64,
@@ -125,17 +130,108 @@ impl<S: Store> Engine<S> {
             .enumerate()
             .map(|(i, d)| resolve(domain, &request.domain, i, d, &mut keys, |_, _, _| {}))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut planned = plan(request, &resolved, &mut keys, false);
+        let global_quota = self.settings.global_quota;
+        let mut planned = plan(request, &resolved, &mut keys, false, global_quota);
         let checks = merge_repeats(&mut planned, &keys);
-        let outcome = self.store.apply(&checks).await?;
+        let mut outcome = self.store.apply(&checks).await?;
+        if outcome.allowed && quota_tally(&resolved, &planned, &outcome, global_quota).all_over() {
+            // Every quota descriptor is over, so the request is denied, but the store (which
+            // applies quota checks as shadow checks) consumed what fitted: give it back.
+            self.give_back(&checks, &mut outcome).await;
+        }
         Ok(report(
             request,
             &resolved,
             &planned,
             &outcome,
-            self.settings.global_shadow,
+            &self.settings,
         ))
     }
+}
+
+impl<S: Store> Engine<S> {
+    /// Refunds what an allowed batch consumed and marks it denied, reporting every check as if
+    /// nothing had been consumed (as a denied batch reports). A refund the backend cannot take
+    /// is logged: the counters then hold this request's hits until their window ends.
+    async fn give_back(&self, checks: &[Check<'_>], outcome: &mut Outcome) {
+        let consumed: Vec<usize> = (0..checks.len())
+            .filter(|&i| {
+                let c = &checks[i];
+                c.kind != CheckKind::Refund && c.hits > 0 && outcome.verdicts[i].allowed
+            })
+            .collect();
+        let refunds: Vec<Check<'_>> = consumed
+            .iter()
+            .map(|&i| Check {
+                kind: CheckKind::Refund,
+                ..checks[i]
+            })
+            .collect();
+        if !refunds.is_empty()
+            && let Err(e) = self.store.apply(&refunds).await
+        {
+            tracing::warn!(error = %e, "could not give back the hits of a request every quota descriptor denied");
+        }
+        for i in consumed {
+            let v = &mut outcome.verdicts[i];
+            v.remaining = v.remaining.saturating_add(checks[i].hits);
+        }
+        outcome.allowed = false;
+    }
+}
+
+/// The quota-mode descriptors of a request: how many, how many are over, and the soonest one
+/// of those would allow again.
+#[derive(Debug, Default)]
+struct QuotaTally {
+    total: usize,
+    over: usize,
+    soonest_retry_us: Option<u64>,
+}
+
+impl QuotaTally {
+    /// The reference's rule: a request with quota descriptors is denied when all are over.
+    fn all_over(&self) -> bool {
+        self.total > 0 && self.over == self.total
+    }
+}
+
+/// Counts as the reference does: with global quota mode every descriptor but an unlimited one
+/// is a quota descriptor (one without a limit passes); otherwise those whose rule applies
+/// `quota_mode`.
+fn quota_tally(
+    resolved: &[Resolved<'_>],
+    planned: &[Planned<'_>],
+    outcome: &Outcome,
+    global_quota: bool,
+) -> QuotaTally {
+    let mut tally = QuotaTally::default();
+    for (i, r) in resolved.iter().enumerate() {
+        let mut checks = planned.iter().filter(|p| p.descriptor == i).peekable();
+        // An override or a rule whose limits were all replaced has no quota_mode of its own.
+        let quota = match r.limits {
+            Limits::Unlimited => false,
+            _ if global_quota => true,
+            Limits::Tiers(_) => r.rule.is_some_and(|r| r.quota_mode) && checks.peek().is_some(),
+            Limits::None | Limits::Override(_) => false,
+        };
+        if !quota {
+            continue;
+        }
+        tally.total += 1;
+        // A shadow-mode quota descriptor counts, and is never over (its status is OK).
+        let denied = checks
+            .filter(|p| p.quota)
+            .map(|p| occurrence(outcome.verdicts[p.check], p))
+            .filter(|v| !v.allowed)
+            .map(|v| v.retry_after_us)
+            .max();
+        if let Some(retry) = denied {
+            tally.over += 1;
+            tally.soonest_retry_us = Some(tally.soonest_retry_us.map_or(retry, |s| s.min(retry)));
+        }
+    }
+    tally
 }
 
 /// Matches one descriptor: its rule, where its limits come from, and its key prefix and slot
@@ -238,6 +334,7 @@ fn plan<'r>(
     resolved: &'r [Resolved<'r>],
     keys: &mut KeyBuf,
     keep_replaced: bool,
+    global_quota: bool,
 ) -> Vec<Planned<'r>> {
     // `replaces`: a limit named by another matched limit's `replaces` is dropped.
     let replaced: Vec<&str> = resolved
@@ -256,10 +353,14 @@ fn plan<'r>(
             Limits::Override(t) => std::slice::from_ref(t),
             Limits::None | Limits::Unlimited => continue,
         };
-        let shadow =
-            r.rule.is_some_and(|r| r.shadow_mode) && !matches!(r.limits, Limits::Override(_));
-        let kind = match (d.refund, shadow) {
+        let own_rule = !matches!(r.limits, Limits::Override(_));
+        let shadow = own_rule && r.rule.is_some_and(|r| r.shadow_mode);
+        let quota = !d.refund
+            && !shadow
+            && (global_quota || own_rule && r.rule.is_some_and(|r| r.quota_mode));
+        let kind = match (d.refund, shadow || quota) {
             (true, _) => CheckKind::Refund,
+            // A quota check's denial alone does not deny the batch: the engine decides.
             (false, true) => CheckKind::Shadow,
             (false, false) => CheckKind::Enforce,
         };
@@ -282,6 +383,7 @@ fn plan<'r>(
                 kind,
                 hits: d.hits,
                 replaced: is_replaced,
+                quota,
                 earlier_hits: 0,
                 later_hits: 0,
             });
@@ -292,7 +394,7 @@ fn plan<'r>(
 
 /// One check per counter: a request that names a counter twice (two identical descriptors)
 /// charges it once with the sum of the hits, so every store sees each consuming key once.
-fn merge_repeats<'a>(planned: &'a mut [Planned<'_>], keys: &'a KeyBuf) -> Vec<Check<'a>> {
+fn merge_repeats<'a>(planned: &mut [Planned<'a>], keys: &'a KeyBuf) -> Vec<Check<'a>> {
     let mut checks: Vec<Check<'a>> = Vec::with_capacity(planned.len());
     for p in planned.iter_mut() {
         let key = keys.slice(p.key.clone());
@@ -448,7 +550,7 @@ pub fn explain<'r>(
             r
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let planned = plan(request, &resolved, &mut keys, true);
+    let planned = plan(request, &resolved, &mut keys, true, false);
     let descriptors = resolved
         .iter()
         .zip(levels)
@@ -484,7 +586,7 @@ fn report(
     resolved: &[Resolved<'_>],
     planned: &[Planned<'_>],
     outcome: &Outcome,
-    global_shadow: bool,
+    settings: &EngineSettings,
 ) -> Decision {
     let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
     for p in planned {
@@ -515,13 +617,11 @@ fn report(
                     _ => Status::ok_without_limit(),
                 };
             };
-            let denied = !v.allowed && p.kind == CheckKind::Enforce;
-            if denied {
+            let denied = !v.allowed && (p.kind == CheckKind::Enforce || p.quota);
+            if denied && !p.quota {
                 retry_after_us = Some(retry_after_us.unwrap_or(0).max(v.retry_after_us));
             }
-            let detailed = r
-                .rule
-                .is_some_and(|r| r.detailed_metric || r.value_to_metric);
+            let (label, detailed) = metric_label(r.rule, d);
             Status {
                 code: if denied { Code::OverLimit } else { Code::Ok },
                 limit: Some(ReportedLimit::of(p.tier)),
@@ -532,15 +632,22 @@ fn report(
                     v.retry_after_us
                 }),
                 stats: Some(StatusStats {
-                    rule: metric_label(r.rule, d, detailed),
+                    rule: label,
                     detailed,
                     hits: p.hits,
-                    shadow_denied: !v.allowed && p.kind == CheckKind::Shadow,
+                    shadow_denied: !v.allowed && p.kind == CheckKind::Shadow && !p.quota,
                 }),
+                metadata: r.rule.and_then(|r| r.metadata.clone()),
             }
         })
         .collect();
-    let over = !outcome.allowed && !global_shadow;
+    // Quota descriptors deny together: the request waits for the first of them to allow.
+    let quota = quota_tally(resolved, planned, outcome, settings.global_quota);
+    if quota.all_over() {
+        let soonest = quota.soonest_retry_us.unwrap_or(0);
+        retry_after_us = Some(retry_after_us.unwrap_or(0).max(soonest));
+    }
+    let over = !outcome.allowed && !settings.global_shadow;
     Decision {
         code: if over { Code::OverLimit } else { Code::Ok },
         statuses,
@@ -549,16 +656,16 @@ fn report(
     }
 }
 
-/// The `rule` label: the rule's path, or with detailed metrics the request's entries.
-fn metric_label(rule: Option<&Rule>, d: &Descriptor, detailed: bool) -> Arc<str> {
+/// The `rule` label: the reference's stats key when it carries request values (capped by
+/// the metrics), else the rule's path.
+fn metric_label(rule: Option<&Rule>, d: &Descriptor) -> (Arc<str>, bool) {
     match rule {
-        Some(_) if detailed => {
-            let parts: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}_{v}")).collect();
-            Arc::from(parts.join("."))
-        }
-        Some(r) => r.label.clone(),
+        Some(r) => match r.metric_label(&d.entries) {
+            Some(label) => (Arc::from(label), true),
+            None => (r.label.clone(), false),
+        },
         // A request override with no matching rule.
-        None => Arc::from("_override_"),
+        None => (Arc::from("_override_"), false),
     }
 }
 

@@ -83,6 +83,8 @@ pub struct Status {
     pub duration_us: Option<u64>,
     /// For metrics: which rule decided, with how many hits.
     pub stats: Option<StatusStats>,
+    /// The matched rule's `metadata:` (for the response's dynamic metadata).
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 /// What metrics need of a limited status.
@@ -105,6 +107,7 @@ impl Status {
             remaining: 0,
             duration_us: None,
             stats: None,
+            metadata: None,
         }
     }
 

@@ -481,3 +481,114 @@ async fn a_plan_named_in_the_request() {
         (Code::OverLimit, "free:per_day".to_owned())
     );
 }
+
+const QUOTA_RULES: &str = r#"
+domain: api
+descriptors:
+  - key: upstream
+    value: a
+    quota_mode: true
+    metadata: {route: {pool: a}, weight: 1}
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: upstream
+    value: b
+    quota_mode: true
+    metadata: {route: {pool: b, zone: z}, weight: 2}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#;
+
+fn quota_engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    let clock = Arc::new(ManualClock::new(1_000_000 * S));
+    let rules = load_texts([("api.yaml", QUOTA_RULES)]).unwrap();
+    let store = MemoryStore::new(clock.clone(), 1_000);
+    (clock, Engine::new(rules, store, settings))
+}
+
+fn codes(d: &Decision) -> Vec<Code> {
+    d.statuses.iter().map(|s| s.code).collect()
+}
+
+#[tokio::test]
+async fn quota_descriptors_deny_only_when_all_are_over() {
+    let (clock, e) = quota_engine(EngineSettings::default());
+    let both = || {
+        vec![
+            desc(&[("upstream", "a")], 1),
+            desc(&[("upstream", "b")], 1),
+            desc(&[("client", "c")], 1),
+        ]
+    };
+    let d = run(&e, both()).await;
+    assert_eq!(d.code, Code::Ok);
+    // b (1/min) is over, a still allows: OK overall, b's status says OVER_LIMIT.
+    let d = run(&e, both()).await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(codes(&d), [Code::Ok, Code::OverLimit, Code::Ok]);
+    assert_eq!(d.statuses[0].remaining, 0);
+    assert_eq!(d.statuses[2].remaining, 8, "the admitted request counts");
+    // Both over: denied, and nothing is consumed anywhere (the client keeps 8).
+    let d = run(&e, both()).await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(codes(&d), [Code::OverLimit, Code::OverLimit, Code::Ok]);
+    assert_eq!(d.statuses[2].remaining, 8, "reported as not charged");
+    assert!(d.retry_after_us.is_some_and(|r| r > 0 && r <= 60 * S));
+    let d = run(&e, vec![desc(&[("client", "c")], 0)]).await;
+    assert_eq!(
+        d.statuses[0].remaining, 8,
+        "the denied request was given back"
+    );
+    clock.advance(60 * S);
+    assert_eq!(run(&e, both()).await.code, Code::Ok);
+}
+
+#[tokio::test]
+async fn a_normal_descriptor_over_still_denies_a_quota_request() {
+    let (_, e) = quota_engine(EngineSettings::default());
+    let d = run(
+        &e,
+        vec![desc(&[("upstream", "a")], 1), desc(&[("client", "c")], 11)],
+    )
+    .await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(codes(&d), [Code::Ok, Code::OverLimit]);
+    // Nothing consumed: upstream a still has both.
+    let d = run(&e, vec![desc(&[("upstream", "a")], 0)]).await;
+    assert_eq!(d.statuses[0].remaining, 2);
+}
+
+#[tokio::test]
+async fn global_quota_mode_counts_every_descriptor_but_unlimited() {
+    let (_, e) = quota_engine(EngineSettings {
+        global_quota: true,
+        ..EngineSettings::default()
+    });
+    // client over its 10, but in quota mode with a descriptor (no rule) that passes: OK.
+    let d = run(
+        &e,
+        vec![desc(&[("client", "c")], 11), desc(&[("nothing", "x")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(codes(&d), [Code::OverLimit, Code::Ok]);
+    // Alone, it is all the quota descriptors there are.
+    let d = run(&e, vec![desc(&[("client", "c")], 11)]).await;
+    assert_eq!(d.code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn statuses_carry_the_rules_metadata() {
+    let (_, e) = quota_engine(EngineSettings::default());
+    let d = run(
+        &e,
+        vec![desc(&[("upstream", "a")], 1), desc(&[("client", "c")], 1)],
+    )
+    .await;
+    let m = d.statuses[0]
+        .metadata
+        .as_ref()
+        .expect("upstream a has metadata");
+    assert_eq!(m["weight"], 1);
+    assert!(d.statuses[1].metadata.is_none());
+}

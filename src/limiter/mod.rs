@@ -197,6 +197,17 @@ impl Limit {
         self.period_us / self.tick_us
     }
 
+    /// Whether `hits` at once can ever be allowed: not more than a window's requests or a
+    /// bucket's burst. (A request that cannot reports one period as its wait, not a deadline.)
+    pub fn can_ever_allow(&self, hits: u64) -> bool {
+        let capacity = if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.requests
+        };
+        hits <= capacity
+    }
+
     /// How long a full bucket takes to drain, in microseconds (u128: a burst of `u32::MAX` at
     /// one request a year is billions of years, which is why it is refused).
     fn full_drain_us(&self) -> u128 {

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use super::parse::{RawDescriptor, RawLimit, RawPlan, parse};
 use super::{
-    Domain, KeyBranch, Level, Node, Pattern, Plan, PlanRef, PlanSource, Rule, RuleError, Tier, Unit,
+    Domain, KeyBranch, Level, MetricLevel, MetricMatch, Node, Pattern, Plan, PlanRef, PlanSource,
+    Rule, RuleError, Tier, Unit,
 };
 use crate::limiter::{Algorithm, Limit};
 
@@ -31,6 +32,7 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
         file,
         errors: Vec::new(),
         rule_count: 0,
+        metric_path: Vec::new(),
         plans: Vec::new(),
         plan_groups: Vec::new(),
     };
@@ -100,6 +102,78 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
     })
 }
 
+/// Adds the descriptors of `more`, another file of the same domain, to `into` (domain merging).
+/// As in the reference, a top-level descriptor that both define is an error (a descriptor is
+/// never merged with another); plans, when used, stay in one of the files. Errors name `more`'s
+/// file.
+pub(super) fn merge_domain(into: &mut Domain, more: Domain, errors: &mut Vec<RuleError>) {
+    let file = more.file.clone();
+    let mut error = |location: &str, message: String| {
+        errors.push(RuleError {
+            file: file.clone(),
+            location: location.to_owned(),
+            message,
+        })
+    };
+    let domain = into.name.clone();
+    for (key, branch) in more.root.keys {
+        let target = into.root.keys.entry(key.clone()).or_default();
+        for (value, node) in branch.exact {
+            match target.exact.entry(value) {
+                std::collections::hash_map::Entry::Occupied(e) => error(
+                    "descriptors",
+                    format!(
+                        "duplicate descriptor composite key '{domain}.{key}_{}'",
+                        e.key()
+                    ),
+                ),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(node);
+                }
+            }
+        }
+        for (pattern, node) in branch.wildcards {
+            if target.wildcards.iter().any(|(p, _)| *p == pattern) {
+                error(
+                    "descriptors",
+                    format!(
+                        "duplicate descriptor composite key '{domain}.{key}_{}'",
+                        pattern.as_str()
+                    ),
+                );
+            } else {
+                target.wildcards.push((pattern, node));
+            }
+        }
+        if let Some(node) = branch.any {
+            if target.any.is_some() {
+                error(
+                    "descriptors",
+                    format!("duplicate descriptor composite key '{domain}.{key}'"),
+                );
+            } else {
+                target.any = Some(node);
+            }
+        }
+    }
+    into.rule_count += more.rule_count;
+    if !more.plans.is_empty() {
+        if into.plans.is_empty() {
+            into.plans = more.plans;
+            into.default_plan = more.default_plan;
+            into.clients = more.clients;
+        } else {
+            error(
+                "plans",
+                format!(
+                    "domain '{domain}' has plans in {} already: a merged domain keeps its plans in one file",
+                    into.file
+                ),
+            );
+        }
+    }
+}
+
 /// Adds a client map file's clients to the domain with the plans. Errors name the map file.
 pub(super) fn merge_clients(domain: &mut Domain, map: Domain, errors: &mut Vec<RuleError>) {
     if domain.plans.is_empty() {
@@ -153,6 +227,8 @@ struct Compiler<'f> {
     file: &'f str,
     errors: Vec<RuleError>,
     rule_count: usize,
+    /// The levels from the root to the descriptor being compiled (for metrics labels).
+    metric_path: Vec<MetricLevel>,
     plans: Vec<Plan>,
     /// (location, group) of every rule that takes limits from a plan.
     plan_groups: Vec<(String, String)>,
@@ -285,7 +361,21 @@ impl Compiler<'_> {
             } else {
                 format!("{parent_path}.{kv}")
             };
+            let matched = match raw.value.as_deref() {
+                None => MetricMatch::KeyOnly,
+                Some(v) if v.contains('*') => MetricMatch::Pattern {
+                    pattern: v.to_owned(),
+                    share: raw.share_threshold,
+                },
+                Some(_) => MetricMatch::Exact,
+            };
+            self.metric_path.push(MetricLevel {
+                key: key.to_owned(),
+                matched,
+                value_to_metric: raw.value_to_metric,
+            });
             let node = self.node(raw, &here, &composite, &path, &kv);
+            self.metric_path.pop();
             let branch: &mut KeyBranch = level.keys.entry(key.to_owned()).or_default();
             let duplicate = match raw.value.as_deref() {
                 None => branch.any.replace(Box::new(node)).is_some(),
@@ -495,8 +585,15 @@ impl Compiler<'_> {
             unlimited,
             shadow_mode: raw.shadow_mode,
             detailed_metric: raw.detailed_metric,
-            value_to_metric: raw.value_to_metric,
+            metric_levels: if raw.detailed_metric
+                || self.metric_path.iter().any(|l| l.value_to_metric)
+            {
+                self.metric_path.clone()
+            } else {
+                Vec::new()
+            },
             quota_mode: raw.quota_mode,
+            metadata: raw.metadata.clone().map(std::sync::Arc::new),
         }
     }
 

@@ -8,10 +8,31 @@ use super::{RuleError, RuleErrors, RuleSet, compile_file};
 /// small; a client map of a million API keys is about 30 MB.
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
+/// How a set of files becomes one rule set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files naming the same domain add their descriptors to it (the reference's
+    /// `MERGE_DOMAIN_CONFIG`); a descriptor defined in two of them is still an error. Off: a
+    /// second file with a domain is an error.
+    pub merge_domains: bool,
+}
+
+/// [`load_path_with`] with the default options.
+pub fn load_path(path: &Path) -> Result<RuleSet, RuleErrors> {
+    load_path_with(path, LoadOptions::default())
+}
+
+/// [`load_texts_with`] with the default options.
+pub fn load_texts<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<RuleSet, RuleErrors> {
+    load_texts_with(files, LoadOptions::default())
+}
+
 /// Loads `path`: one YAML file, or every `*.yaml`/`*.yml` file in a directory (not recursive;
 /// hidden files and Kubernetes ConfigMap internals such as `..data` are skipped; symlinks to
 /// files are followed, as ConfigMap volumes need).
-pub fn load_path(path: &Path) -> Result<RuleSet, RuleErrors> {
+pub fn load_path_with(path: &Path, options: LoadOptions) -> Result<RuleSet, RuleErrors> {
     let at = |message: String| {
         RuleErrors(vec![RuleError {
             file: path.display().to_string(),
@@ -57,7 +78,7 @@ pub fn load_path(path: &Path) -> Result<RuleSet, RuleErrors> {
     if !errors.is_empty() {
         return Err(RuleErrors(errors));
     }
-    load_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+    load_texts_with(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), options)
 }
 
 fn read_limited(file: &Path) -> Result<String, String> {
@@ -73,8 +94,9 @@ fn read_limited(file: &Path) -> Result<String, String> {
 }
 
 /// Compiles named texts into one rule set; every error of every file is reported.
-pub fn load_texts<'a>(
+pub fn load_texts_with<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    options: LoadOptions,
 ) -> Result<RuleSet, RuleErrors> {
     let mut set = RuleSet::default();
     let mut seen = std::collections::HashSet::new();
@@ -94,6 +116,13 @@ pub fn load_texts<'a>(
             }
         };
         if let Some(domain) = domain.filter(|d| !seen.insert(d.clone())) {
+            if options.merge_domains {
+                // When one of the two had errors of its own, they are reported already.
+                if let (Some(into), Some(more)) = (set.domains.get_mut(&domain), compiled) {
+                    super::compile::merge_domain(into, more, &mut errors);
+                }
+                continue;
+            }
             errors.push(RuleError {
                 file: name.to_owned(),
                 location: "domain".into(),

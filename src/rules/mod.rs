@@ -18,7 +18,7 @@ use std::fmt;
 
 pub use crate::counter::{KeyPart, Unit};
 pub use compile::{FileErrors, compile_file};
-pub use load::{load_path, load_texts};
+pub use load::{LoadOptions, load_path, load_path_with, load_texts, load_texts_with};
 pub use parse::schema;
 pub use pattern::Pattern;
 
@@ -156,8 +156,13 @@ pub struct Rule {
     pub unlimited: bool,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
-    pub value_to_metric: bool,
+    /// How each level of the rule's path names itself in a metrics label that carries request
+    /// values (`detailed_metric`, or `value_to_metric` on some level); empty when the label is
+    /// the path alone.
+    pub metric_levels: Vec<MetricLevel>,
     pub quota_mode: bool,
+    /// `metadata:`, for the response's dynamic metadata.
+    pub metadata: Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>>,
     /// What to answer when the shared backend cannot (None: the server's default).
     pub failure_mode: Option<crate::counter::FailureMode>,
     /// `strict` or `hybrid` (None: the server's default).
@@ -166,6 +171,78 @@ pub struct Rule {
     pub hash_tag: Option<String>,
     /// The limits come from the caller's plan (then `tiers` is empty).
     pub plan: Option<PlanRef>,
+}
+
+/// One level of a rule's path, as its metrics label writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricLevel {
+    pub key: String,
+    pub matched: MetricMatch,
+    /// `value_to_metric` on this level: a key-only or wildcard level writes the request's value.
+    pub value_to_metric: bool,
+}
+
+/// How a level of a rule matches, for its metrics label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricMatch {
+    Exact,
+    /// A wildcard value; `share`: `share_threshold` (the label keeps the pattern).
+    Pattern {
+        pattern: String,
+        share: bool,
+    },
+    KeyOnly,
+}
+
+impl Rule {
+    /// The reference's stats key (without the domain) for a request's `entries` when it carries
+    /// request values: with `detailed_metric` every level's `key_value` (a `share_threshold`
+    /// level keeps its pattern), else `value_to_metric` levels write the request's value where
+    /// the path has a key alone or a pattern. None: the label is the rule's path.
+    pub fn metric_label(&self, entries: &[(String, String)]) -> Option<String> {
+        if self.metric_levels.is_empty() {
+            return None;
+        }
+        let shares = self
+            .metric_levels
+            .iter()
+            .any(|l| matches!(l.matched, MetricMatch::Pattern { share: true, .. }));
+        let mut out = String::new();
+        for (level, (key, value)) in self.metric_levels.iter().zip(entries) {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(key);
+            if self.detailed_metric && !shares {
+                // The request's `key_value`, even `key_` for an empty value, as the reference.
+                out.push('_');
+                out.push_str(value);
+                continue;
+            }
+            let shown: &str = match (&level.matched, self.detailed_metric) {
+                (
+                    MetricMatch::Pattern {
+                        pattern,
+                        share: true,
+                    },
+                    _,
+                ) => pattern,
+                (_, true) | (MetricMatch::Exact, false) => value,
+                (MetricMatch::Pattern { .. } | MetricMatch::KeyOnly, false)
+                    if level.value_to_metric =>
+                {
+                    value
+                }
+                (MetricMatch::Pattern { pattern, .. }, false) => pattern,
+                (MetricMatch::KeyOnly, false) => "",
+            };
+            if !shown.is_empty() {
+                out.push('_');
+                out.push_str(shown);
+            }
+        }
+        Some(out)
+    }
 }
 
 /// One limit of a rule (a rule has several with `rate_limits:`).

@@ -64,14 +64,13 @@ pub struct RawDescriptor {
     pub value_to_metric: bool,
     #[serde(default)]
     pub share_threshold: bool,
-    /// Accepted for compatibility; has no effect yet.
+    /// An over-limit answer of this rule alone does not make the request OVER_LIMIT: only when
+    /// every quota-mode descriptor of the request is over (as the reference's `quota_mode`).
     #[serde(default)]
     pub quota_mode: bool,
-    /// Accepted for compatibility (contents are not checked, as in the reference); not
-    /// returned in dynamic metadata yet.
-    #[serde(rename = "metadata")]
-    #[schemars(with = "Option<serde_json::Value>")]
-    pub _metadata: Option<serde::de::IgnoredAny>,
+    /// Returned to Envoy in the response's dynamic metadata while this rule allows
+    /// (`--response-dynamic-metadata`); its contents are not checked, as in the reference.
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Extension: what to answer when the shared backend (Redis) cannot: allow, deny, local or
     /// error.
     pub failure_mode: Option<String>,

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{RuleErrors, RuleSet, load_path};
+use super::{LoadOptions, RuleErrors, RuleSet, load_path_with};
 
 /// What the last reloads did, for the status endpoint and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,6 +32,7 @@ type Apply = Box<dyn Fn(RuleSet) + Send + Sync>;
 
 pub struct Reloader {
     path: PathBuf,
+    load: LoadOptions,
     status: Mutex<ReloadStatus>,
     apply: Apply,
     metrics: Option<Arc<crate::metrics::Metrics>>,
@@ -54,6 +55,7 @@ impl Reloader {
     ) -> Self {
         Self {
             path,
+            load: LoadOptions::default(),
             status: Mutex::new(ReloadStatus {
                 loaded_at: Some(SystemTime::now()),
                 domains: initial.domain_count(),
@@ -63,6 +65,12 @@ impl Reloader {
             apply: Box::new(apply),
             metrics: None,
         }
+    }
+
+    /// Loads with `options` (as the serving set was loaded).
+    pub fn with_load_options(mut self, options: LoadOptions) -> Self {
+        self.load = options;
+        self
     }
 
     /// Reload results go to `metrics`.
@@ -84,7 +92,7 @@ impl Reloader {
 
     /// Loads the whole set now; swaps it in, or keeps the old one and records why.
     pub fn reload(&self) -> Result<(), RuleErrors> {
-        let result = load_path(&self.path);
+        let result = load_path_with(&self.path, self.load);
         if let Some(m) = &self.metrics {
             m.observe_reload(result.is_ok());
         }

@@ -389,3 +389,191 @@ fn periods_beyond_the_exact_range_are_located_errors() {
         );
     }
 }
+
+/// The metrics label a request gets: the reference's stats key without the domain.
+fn metric_label(rs: &RuleSet, entries: &[(&str, &str)]) -> String {
+    let rule = rs
+        .domain("d")
+        .and_then(|d| d.find(entries.iter().copied(), |_, _, _| {}))
+        .expect("a rule matches");
+    let owned: Vec<(String, String)> = entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    rule.metric_label(&owned)
+        .unwrap_or_else(|| rule.label.to_string())
+}
+
+#[test]
+fn metric_labels_follow_the_reference_stats_keys() {
+    // The cases of the reference's config tests (TestValueToMetric_*, share_threshold.yaml).
+    let rs = set(r#"
+domain: d
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: k1
+    descriptors:
+      - key: k2
+        value_to_metric: true
+        descriptors:
+          - key: k3
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: plain
+    descriptors:
+      - key: k2
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: detailed
+    value_to_metric: true
+    descriptors:
+      - key: subject_id
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: sroute
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 80}
+  - key: midroute
+    value: /api*v2
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 80}
+  - key: wild
+    value: foo*
+    descriptors:
+      - key: other
+        value: bar
+        value_to_metric: true
+        descriptors:
+          - key: limit
+            rate_limit: {unit: minute, requests_per_unit: 80}
+"#);
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[
+                ("route", "draw"),
+                ("http_method", "GET"),
+                ("subject_id", "123"),
+            ],
+            "route_draw.http_method_GET.subject_id",
+        ),
+        (
+            &[("route", ""), ("http_method", "GET"), ("subject_id", "123")],
+            "route.http_method_GET.subject_id",
+        ),
+        (&[("k1", "X"), ("k2", "Y"), ("k3", "Z")], "k1.k2_Y.k3"),
+        (&[("plain", "X"), ("k2", "Y")], "plain.k2"),
+        (
+            &[("detailed", "draw"), ("subject_id", "123")],
+            "detailed_draw.subject_id_123",
+        ),
+        (
+            &[
+                ("user", "alice"),
+                ("action", "readfile"),
+                ("resource", "documents"),
+            ],
+            "user_alice.action_readfile.resource",
+        ),
+        (&[("files", "files/a.txt")], "files_files/*"),
+        (
+            &[("sroute", "api/v1"), ("method", "GET")],
+            "sroute_api/*.method",
+        ),
+        (
+            &[("service", "svc/a"), ("endpoint", "get")],
+            "service_svc/*.endpoint_get",
+        ),
+        (&[("midroute", "/api/x/v2")], "midroute_/api*v2"),
+        (
+            &[("wild", "foo1"), ("other", "bar"), ("limit", "x")],
+            "wild_foo*.other_bar.limit",
+        ),
+    ];
+    for (entries, want) in cases {
+        assert_eq!(metric_label(&rs, entries), *want, "{entries:?}");
+    }
+}
+
+const MERGE_A: &str =
+    "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+const MERGE_B: &str = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: a\n    value: x\n    rate_limit: {unit: second, requests_per_unit: 3}\n";
+
+#[test]
+fn merged_domains_join_their_descriptors() {
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let rs = load_texts_with([("a.yaml", MERGE_A), ("b.yaml", MERGE_B)], merge).unwrap();
+    assert_eq!(rs.domain_count(), 1);
+    assert_eq!(rs.rule_count(), 3);
+    assert_eq!(path(&rs, &[("a", "y")]).as_deref(), Some("a"));
+    assert_eq!(path(&rs, &[("a", "x")]).as_deref(), Some("a_x"));
+    assert_eq!(path(&rs, &[("b", "y")]).as_deref(), Some("b"));
+    // Without the option, the reference's error.
+    let e = load_texts([("a.yaml", MERGE_A), ("b.yaml", MERGE_B)]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "b.yaml: domain: duplicate domain 'd' in config file"
+    );
+}
+
+#[test]
+fn merged_domains_still_refuse_a_descriptor_defined_twice() {
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    // The same file twice: the reference's duplicate composite key error.
+    let e = load_texts_with([("a.yaml", MERGE_A), ("a2.yaml", MERGE_A)], merge).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "a2.yaml: descriptors: duplicate descriptor composite key 'd.a'"
+    );
+    let e = load_texts_with([("b.yaml", MERGE_B), ("b2.yaml", MERGE_B)], merge).unwrap_err();
+    assert_eq!(e.0.len(), 2, "{e}");
+    assert!(e.to_string().contains("'d.a_x'"), "{e}");
+}
+
+#[test]
+fn metadata_is_kept_as_written() {
+    let rs = set(
+        "domain: d\ndescriptors:\n  - key: a\n    metadata: {pool: {name: x}, n: 1}\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let rule = rs
+        .domain("d")
+        .unwrap()
+        .find([("a", "1")], |_, _, _| {})
+        .unwrap();
+    let m = rule.metadata.as_ref().unwrap();
+    assert_eq!(m["pool"]["name"], "x");
+    assert_eq!(m["n"], 1);
+}

@@ -2,6 +2,7 @@
 //! (with `admin::json`) that knows the wire types.
 
 pub mod headers;
+mod metadata;
 
 use std::sync::Arc;
 
@@ -23,6 +24,8 @@ pub struct RateLimitGrpc<S> {
     engine: Arc<Engine<S>>,
     headers: HeaderSet,
     metrics: Option<Arc<Metrics>>,
+    /// Answer with `dynamic_metadata` (the reference's `RESPONSE_DYNAMIC_METADATA`).
+    dynamic_metadata: bool,
 }
 
 impl<S: Store> RateLimitGrpc<S> {
@@ -31,7 +34,14 @@ impl<S: Store> RateLimitGrpc<S> {
             engine,
             headers,
             metrics,
+            dynamic_metadata: false,
         }
+    }
+
+    /// Adds `dynamic_metadata` to every answer (see `metadata`).
+    pub fn with_dynamic_metadata(mut self, on: bool) -> Self {
+        self.dynamic_metadata = on;
+        self
     }
 
     pub fn metrics(&self) -> Option<&Arc<Metrics>> {
@@ -51,6 +61,9 @@ impl<S: Store> RateLimitGrpc<S> {
             descriptors = request.descriptors.len(),
             decision = tracing::field::Empty,
         );
+        let echo = self
+            .dynamic_metadata
+            .then(|| metadata::RequestEcho::of(&request));
         let (domain, result) = match to_domain(request) {
             Ok(request) => {
                 let result = self
@@ -73,14 +86,19 @@ impl<S: Store> RateLimitGrpc<S> {
         if let Some(m) = &self.metrics {
             m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
         }
-        result.map(|d| self.to_wire(&d))
+        result.map(|d| self.to_wire(&d, echo))
     }
 
-    fn to_wire(&self, decision: &Decision) -> RateLimitResponse {
+    fn to_wire(
+        &self,
+        decision: &Decision,
+        echo: Option<metadata::RequestEcho>,
+    ) -> RateLimitResponse {
         RateLimitResponse {
             overall_code: code(decision.code) as i32,
             statuses: decision.statuses.iter().map(status).collect(),
             response_headers_to_add: self.headers.render(decision),
+            dynamic_metadata: echo.map(|e| e.finish(decision)),
             ..RateLimitResponse::default()
         }
     }

@@ -115,6 +115,7 @@ fn limited(
         remaining,
         duration_us: Some(us),
         stats: None,
+        metadata: None,
     }
 }
 

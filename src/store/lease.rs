@@ -398,6 +398,12 @@ pub struct Leases<S> {
     table: LeaseTable,
 }
 
+/// The checks of `checks` on the counter of check `i` (same key and limit), `i` excluded.
+fn same_counter<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
+    let (key, limit) = (checks[i].key, checks[i].limit);
+    (0..checks.len()).filter(move |&j| j != i && checks[j].key == key && checks[j].limit == limit)
+}
+
 impl<S: Store> Leases<S> {
     pub fn new(inner: S, table: LeaseTable) -> Self {
         Self { inner, table }
@@ -405,8 +411,9 @@ impl<S: Store> Leases<S> {
 
     async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let leases = &self.table;
-        let absorbed = leases.absorb_into_refunds(checks);
-        let checks = absorbed.as_deref().unwrap_or(checks);
+        let original = checks;
+        let absorbed = leases.absorb_into_refunds(original);
+        let checks = absorbed.as_deref().unwrap_or(original);
         let now = leases.now();
         if let Some(verdicts) = leases.decide_locally(checks, now) {
             return Ok(Outcome {
@@ -441,23 +448,38 @@ impl<S: Store> Leases<S> {
         }
         let mut outcome = self.inner.apply(&sent).await?;
         // Refunds are applied last: a given-back leftover's verdict is the counter's final
-        // state, which the request's own check reports — unless the request refunds that
-        // counter itself (a status is reported before the batch's own refunds; then it stays
-        // a little low), or the limit changed (the leftover went back to the old limit).
-        let refunds_itself = |i: usize| {
-            checks
-                .iter()
-                .any(|r| r.kind == CheckKind::Refund && r.key == checks[i].key)
-        };
+        // state (unless the limit changed: the leftover went back to the old limit), which the
+        // request's refunds of that counter report too. Its own check reports that state
+        // before the request's refunds, as every store reports a batch.
         for &(i, k) in &given_back {
-            if sent[k].limit == checks[i].limit && !refunds_itself(i) {
-                outcome.verdicts[i].remaining = outcome.verdicts[k].remaining;
+            if sent[k].limit == checks[i].limit {
+                let final_remaining = outcome.verdicts[k].remaining;
+                let mut own_refunds = 0u64;
+                for r in same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund) {
+                    own_refunds = own_refunds.saturating_add(checks[r].hits);
+                    outcome.verdicts[r].remaining = final_remaining;
+                }
+                outcome.verdicts[i].remaining = final_remaining.saturating_add(own_refunds);
             }
         }
-        leases.learn_refunds(checks, &outcome);
         let asked = asks.iter().any(|a| a.extra > 0);
         if outcome.allowed || !asked {
-            let verdicts = leases.learn(checks, &asks, &outcome, now);
+            let mut verdicts = leases.learn(checks, &asks, &outcome, now);
+            // After `learn`: a refund's verdict is the counter's final state, later than the
+            // charge's.
+            leases.learn_refunds(checks, &outcome);
+            // A refund of a counter the request also charges: the lease it absorbed was held,
+            // not admitted, so the charge reports without it; the refund reports the final
+            // state with the new lease (this node's hits) counted, as every status counts one.
+            for r in (0..checks.len()).filter(|&r| checks[r].kind == CheckKind::Refund) {
+                let taken = checks[r].hits.saturating_sub(original[r].hits);
+                for i in same_counter(checks, r).filter(|&i| checks[i].kind != CheckKind::Refund) {
+                    verdicts[i].remaining = verdicts[i].remaining.saturating_add(taken);
+                    if outcome.allowed {
+                        verdicts[r].remaining = verdicts[r].remaining.saturating_add(asks[i].extra);
+                    }
+                }
+            }
             let mut backend_now_us = outcome.backend_now_us;
             backend_now_us.truncate(checks.len());
             return Ok(Outcome {
@@ -467,6 +489,7 @@ impl<S: Store> Leases<S> {
                 backend_now_us,
             });
         }
+        leases.learn_refunds(checks, &outcome);
         // The leases did not fit: the request alone, exactly. Every refund (the request's own
         // and the old leases') was applied by the first call: now they only look.
         let alone: Vec<Check<'_>> = checks

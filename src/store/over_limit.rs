@@ -1,7 +1,8 @@
 //! The over-limit cache layer: when the shared store denies a counter until T, later requests
-//! on this node that ask at least as many hits of it are denied here until T, with no backend
-//! call. A request that asks at least as much cannot fit sooner, so this never admits more; it
-//! may deny a little longer when another node refunds hits meanwhile.
+//! on this node that ask as many hits of it are denied here until T, with no backend call.
+//! (One asking more cannot fit sooner either, but its wait is longer, so the backend answers
+//! it.) This never admits more; it may deny a little longer when another node refunds hits
+//! meanwhile.
 //!
 //! A request is answered here only when *every* one of its checks is a cached denial. When
 //! some are not (`[A, B]` with A cached and B not), the whole request goes to the backend: a
@@ -25,7 +26,7 @@ use crate::limiter::{Algorithm, Limit, Verdict};
 struct Denial {
     /// The limit it was denied under: after a reload changes it, the backend decides again.
     limit: Limit,
-    /// The hits of the denied request: requests asking at least this many are denied too.
+    /// The hits of the denied request: requests asking as many are denied too.
     hits: u64,
     remaining: u64,
     until_us: u64,
@@ -59,7 +60,9 @@ impl<S: Store> OverLimitCache<S> {
         let d = *self.entries.lock(check.key).get(check.key)?;
         let applies = d.limit == *check.limit
             && now < d.until_us
-            && check.hits >= d.hits
+            // The same hits only: a larger request is denied too, but waits longer (or, past a
+            // bucket's burst, forever), and its status must say so.
+            && check.hits == d.hits
             && check.hits > d.remaining;
         applies.then(|| Verdict {
             allowed: false,
@@ -81,8 +84,9 @@ impl<S: Store> OverLimitCache<S> {
             // stays until the window ends; elsewhere, when one more would fit, the next change
             // is the moment the request fits. (A bucket refilling under a larger request would
             // report a stale remaining.)
+            // A request that can never fit waits "one period" each time it asks: no deadline.
             let steady = c.limit.algorithm == Algorithm::FixedWindow
-                || c.hits == v.remaining.saturating_add(1);
+                || (c.hits == v.remaining.saturating_add(1) && c.limit.can_ever_allow(c.hits));
             let denied = denied && steady;
             let mut entries = self.entries.lock(c.key);
             if !denied {

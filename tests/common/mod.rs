@@ -36,6 +36,7 @@ pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> Test
         // A small series cap, so tests reach it.
         metrics: Some(Arc::new(sluice::metrics::Metrics::new(0.8, 3))),
         json: true,
+        dynamic_metadata: true,
     };
     let running = server::start(options, engine).await.expect("server starts");
     TestServer { clock, running }
