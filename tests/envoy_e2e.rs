@@ -25,7 +25,22 @@ descriptors:
             rate_limit: {unit: minute, requests_per_unit: 50}
 "#;
 
-fn bootstrap(front: u16, backend: u16, admin: u16, rls: u16) -> String {
+/// The front routes of the first test: limits on the request's headers.
+const HEADER_ROUTES: &str = r#"
+              - match: {prefix: "/"}
+                route:
+                  cluster: backend
+                  rate_limits:
+                  - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+                  - actions: [{request_headers: {header_name: ":path", descriptor_key: path}}]
+                  - actions:
+                    - generic_key: {descriptor_value: per_key_path}
+                    - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+                    - request_headers: {header_name: ":path", descriptor_key: path}"#;
+
+/// Envoy in front of an upstream (an Envoy listener answering 200 with `x-tokens: 40`, as an
+/// LLM API reports the tokens a call used); `routes` are the front listener's routes.
+fn bootstrap(front: u16, backend: u16, admin: u16, rls: u16, routes: &str) -> String {
     format!(
         r#"
 admin:
@@ -44,17 +59,7 @@ static_resources:
             virtual_hosts:
             - name: front
               domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: backend
-                  rate_limits:
-                  - actions: [{{request_headers: {{header_name: x-api-key, descriptor_key: api_key}}}}]
-                  - actions: [{{request_headers: {{header_name: ":path", descriptor_key: path}}}}]
-                  - actions:
-                    - generic_key: {{descriptor_value: per_key_path}}
-                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
-                    - request_headers: {{header_name: ":path", descriptor_key: path}}
+              routes:{routes}
           http_filters:
           - name: envoy.filters.http.ratelimit
             typed_config:
@@ -84,6 +89,7 @@ static_resources:
               routes:
               - match: {{prefix: "/"}}
                 direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
+                response_headers_to_add: [{{header: {{key: x-tokens, value: "40"}}}}]
           http_filters:
           - name: envoy.filters.http.router
             typed_config:
@@ -132,20 +138,12 @@ fn status(response: &str) -> u16 {
     response[9..12].parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_enforces_sluice_decisions() {
+/// Validates `config`, starts Envoy on it and waits (bounded) until its admin says it is ready.
+async fn run_envoy(config: &std::path::Path, admin: u16) -> (Envoy, std::net::SocketAddr) {
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
-    // sluice renders retry-after; Envoy renders the x-ratelimit-* headers from the statuses.
-    let server = start(RULES, "retry-after", EngineSettings::default()).await;
-    let rls = server.running.grpc_addr.port();
-    let (front, backend, admin) = (free_port(), free_port(), free_port());
-    let dir = temp_dir("envoy");
-    let config = dir.join("envoy.yaml");
-    std::fs::write(&config, bootstrap(front, backend, admin, rls)).unwrap();
-
     let validate = std::process::Command::new(&envoy_bin)
         .args(["--mode", "validate", "-c"])
-        .arg(&config)
+        .arg(config)
         .output()
         .expect("envoy runs");
     assert!(
@@ -154,10 +152,10 @@ async fn envoy_enforces_sluice_decisions() {
         String::from_utf8_lossy(&validate.stderr)
     );
 
-    let _envoy = Envoy(
+    let envoy = Envoy(
         std::process::Command::new(&envoy_bin)
             .arg("-c")
-            .arg(&config)
+            .arg(config)
             .args([
                 "--disable-hot-restart",
                 "--log-level",
@@ -182,6 +180,25 @@ async fn envoy_enforces_sluice_decisions() {
         assert!(Instant::now() < deadline, "envoy did not become ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    (envoy, admin_addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_sluice_decisions() {
+    // sluice renders retry-after; Envoy renders the x-ratelimit-* headers from the statuses.
+    let server = start(RULES, "retry-after", EngineSettings::default()).await;
+    let rls = server.running.grpc_addr.port();
+    let (front, backend, admin) = (free_port(), free_port(), free_port());
+    let dir = temp_dir("envoy");
+    let config = dir.join("envoy.yaml");
+    std::fs::write(
+        &config,
+        bootstrap(front, backend, admin, rls, HEADER_ROUTES),
+    )
+    .unwrap();
+
+    let (_envoy, admin_addr) = run_envoy(&config, admin).await;
 
     let front_addr = format!("127.0.0.1:{front}").parse().unwrap();
     for i in 0..3 {
@@ -217,6 +234,72 @@ async fn envoy_enforces_sluice_decisions() {
         "{stats}"
     );
     assert!(stats.contains("cluster.backend.ratelimit.ok: 4"), "{stats}");
+
+    server.running.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const TOKEN_RULES: &str = r#"
+domain: e2e
+descriptors:
+  - key: llm_user
+    overdraft: true
+    rate_limit: {unit: hour, requests_per_unit: 100, name: tokens}
+"#;
+
+/// The LLM token budget of the README: each request is checked with 0 hits; when the response
+/// is done, Envoy debits the tokens the upstream reported (`x-tokens`) with `apply_on_stream_done`.
+const TOKEN_ROUTES: &str = r#"
+              - match: {prefix: "/v1/chat"}
+                route: {cluster: backend}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{request_headers: {header_name: x-user, descriptor_key: llm_user}}]
+                      hits_addend: {number: 0}
+                    - actions: [{request_headers: {header_name: x-user, descriptor_key: llm_user}}]
+                      hits_addend: {format: "%RESP(x-tokens)%"}
+                      apply_on_stream_done: true"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_debits_llm_tokens_after_the_response() {
+    let server = start(TOKEN_RULES, "none", EngineSettings::default()).await;
+    let rls = server.running.grpc_addr.port();
+    let (front, backend, admin) = (free_port(), free_port(), free_port());
+    let dir = temp_dir("envoy-tokens");
+    let config = dir.join("envoy.yaml");
+    std::fs::write(&config, bootstrap(front, backend, admin, rls, TOKEN_ROUTES)).unwrap();
+    let (_envoy, _) = run_envoy(&config, admin).await;
+    let front_addr = format!("127.0.0.1:{front}").parse().unwrap();
+    let mut client = server.client().await;
+    // What the budget has left, asked directly (a 0-hit check consumes nothing).
+    let mut left = async || {
+        let mut probe = request("e2e", vec![descriptor(&[("llm_user", "alice")])]);
+        probe.descriptors[0].hits_addend = Some(0);
+        let r = client.should_rate_limit(probe).await.unwrap().into_inner();
+        r.statuses[0].limit_remaining
+    };
+    // 100 tokens an hour, 40 a call: the third call is admitted at 80 and overshoots to 120.
+    for (call, after) in [(1, 60), (2, 20), (3, 0)] {
+        let r = http_get_raw(front_addr, "/v1/chat", &[("x-user", "alice")]).await;
+        assert_eq!(status(&r), 200, "call {call}: {r}");
+        // The debit is sent when the stream is done, after the response: wait for it (bounded).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while left().await != after {
+            assert!(
+                Instant::now() < deadline,
+                "call {call}: the debit never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // 120 of 100 used: the next call is refused before it reaches the upstream.
+    let r = http_get_raw(front_addr, "/v1/chat", &[("x-user", "alice")]).await;
+    assert_eq!(status(&r), 429, "{r}");
+    // Another user has a budget of their own.
+    let r = http_get_raw(front_addr, "/v1/chat", &[("x-user", "bob")]).await;
+    assert_eq!(status(&r), 200, "{r}");
 
     server.running.stop().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -61,6 +61,14 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
       - {unit: minute, requests_per_unit: 30, algorithm: sliding_window}
+  - key: cost
+    overdraft: true
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: cost_bucket
+    overdraft: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, algorithm: gcra, burst: 4}
+      - {unit: minute, requests_per_unit: 40, algorithm: token_bucket}
 "#;
 
 fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
@@ -106,7 +114,7 @@ fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
 }
 
 fn random_request(rng: &mut Rng) -> Request {
-    const KEYS: [&str; 13] = [
+    const KEYS: [&str; 15] = [
         "fixed",
         "sliding",
         "log",
@@ -120,6 +128,8 @@ fn random_request(rng: &mut Rng) -> Request {
         "sliding_bulk",
         "quota_a",
         "quota_b",
+        "cost",
+        "cost_bucket",
     ];
     const VALUES: [&str; 3] = ["a", "b{x}", "c:}{"];
     let n = 1 + rng.below(3) as usize;

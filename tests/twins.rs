@@ -75,7 +75,8 @@ fn near(scale: u64, pick: u64, kind: u8) -> u64 {
 }
 
 /// `requests` (and `burst`) up to `u32::MAX`, biased to the largest the period allows exactly.
-fn limit(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
+/// `overdraft`: as a cost limit.
+fn limit(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Limit> {
     (period(), any::<u64>(), 0..5u8, any::<u64>(), 0..3u8).prop_filter_map(
         "out of the exact range",
         move |(period_us, pick, kind, burst_pick, burst_kind)| {
@@ -88,7 +89,12 @@ fn limit(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
             let requests = near(top, pick, kind).clamp(1, top);
             let burst = (algorithm.has_burst() && burst_kind > 0)
                 .then(|| near(top, burst_pick, burst_kind * 2).clamp(1, top));
-            Limit::new(algorithm, requests, period_us, burst).ok()
+            let limit = Limit::new(algorithm, requests, period_us, burst).ok()?;
+            if overdraft {
+                limit.with_overdraft().ok()
+            } else {
+                Some(limit)
+            }
         },
     )
 }
@@ -139,8 +145,14 @@ fn state(limit: Limit, now: u64, picks: [u64; 4], kind: u8) -> State {
             } else {
                 now.saturating_sub(picks[0] % (2 * period + 1))
             };
+            // A cost limit's level may be in debt, up to its cap.
+            let top = if limit.overdraft && picks[3].is_multiple_of(3) {
+                limit.overdraft_cap()
+            } else {
+                limit.burst * p
+            };
             State::Meter {
-                level: near(limit.burst * p, picks[1], kind).min(EXACT_MAX),
+                level: near(top, picks[1], kind).min(EXACT_MAX),
                 at_us,
             }
         }
@@ -174,8 +186,8 @@ fn step(period: u64) -> impl Strategy<Value = Step> {
     })
 }
 
-fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
-    limit(algorithm).prop_flat_map(|limit| {
+fn case(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Case> {
+    limit(algorithm, overdraft).prop_flat_map(|limit| {
         // Epoch times from 1970 to the year 2112 (`TIME_MAX`), mostly around today.
         let start = prop_oneof![
             3 => 1_700_000_000_000_000u64..1_900_000_000_000_000,
@@ -253,7 +265,8 @@ fn rust_step(
         CheckKind::Refund => limiter::refund(limit, state, now, hits),
         CheckKind::Enforce | CheckKind::Shadow => {
             let (verdict, update) = limiter::decide(limit, state, now, hits);
-            let next = if verdict.allowed {
+            // A cost limit records its charge whatever the verdict.
+            let next = if verdict.allowed || limiter::charges_always(limit, hits) {
                 state.after(&update)
             } else {
                 state.clone()
@@ -330,7 +343,7 @@ impl Twin {
     }
 }
 
-fn prove(algorithm: Algorithm, redis: &RedisServer) {
+fn prove(algorithm: Algorithm, overdraft: bool, redis: &RedisServer) {
     let twin = std::cell::RefCell::new(Twin::new(redis));
     let cases = std::env::var("TWIN_CASES")
         .ok()
@@ -342,15 +355,43 @@ fn prove(algorithm: Algorithm, redis: &RedisServer) {
         ..Config::default()
     });
     runner
-        .run(&case(algorithm), |case| twin.borrow_mut().run(&case))
-        .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+        .run(&case(algorithm, overdraft), |case| {
+            twin.borrow_mut().run(&case)
+        })
+        .unwrap_or_else(|e| panic!("{algorithm} (overdraft: {overdraft}): {e}"));
 }
 
 /// Each algorithm is its own test with its own server: they run in parallel, and a failure
 /// names its algorithm.
 fn with_redis(algorithm: Algorithm) {
     let redis = RedisServer::start();
-    prove(algorithm, &redis);
+    prove(algorithm, false, &redis);
+}
+
+/// The same for a cost limit (`overdraft: true`).
+fn overdraft_with_redis(algorithm: Algorithm) {
+    let redis = RedisServer::start();
+    prove(algorithm, true, &redis);
+}
+
+#[test]
+fn fixed_window_overdraft_script_is_its_rust_twin() {
+    overdraft_with_redis(Algorithm::FixedWindow);
+}
+
+#[test]
+fn token_bucket_overdraft_script_is_its_rust_twin() {
+    overdraft_with_redis(Algorithm::TokenBucket);
+}
+
+#[test]
+fn leaky_bucket_overdraft_script_is_its_rust_twin() {
+    overdraft_with_redis(Algorithm::LeakyBucket);
+}
+
+#[test]
+fn gcra_overdraft_script_is_its_rust_twin() {
+    overdraft_with_redis(Algorithm::Gcra);
 }
 
 #[test]

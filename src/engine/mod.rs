@@ -157,7 +157,10 @@ impl<S: Store> Engine<S> {
         let consumed: Vec<usize> = (0..checks.len())
             .filter(|&i| {
                 let c = &checks[i];
-                c.kind != CheckKind::Refund && c.hits > 0 && outcome.verdicts[i].allowed
+                c.kind != CheckKind::Refund
+                    && c.hits > 0
+                    && outcome.verdicts[i].allowed
+                    && !crate::limiter::charges_always(c.limit, c.hits)
             })
             .collect();
         let refunds: Vec<Check<'_>> = consumed

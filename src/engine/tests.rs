@@ -592,3 +592,95 @@ async fn statuses_carry_the_rules_metadata() {
     assert_eq!(m["weight"], 1);
     assert!(d.statuses[1].metadata.is_none());
 }
+
+const COST_RULES: &str = r#"
+domain: api
+descriptors:
+  - key: tokens
+    overdraft: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: bucket_tokens
+    overdraft: true
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: token_bucket, burst: 60}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+fn cost_engine() -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    let clock = Arc::new(ManualClock::new(1_000_000 * 60 * S));
+    let rules = load_texts([("api.yaml", COST_RULES)]).unwrap();
+    let store = MemoryStore::new(clock.clone(), 1_000);
+    (clock, Engine::new(rules, store, EngineSettings::default()))
+}
+
+#[tokio::test]
+async fn a_cost_limit_admits_while_under_and_records_every_debit() {
+    let (clock, e) = cost_engine();
+    let check = || vec![desc(&[("tokens", "u")], 0)];
+    let debit = |n| vec![desc(&[("tokens", "u")], n)];
+    // The request is checked with 0 hits, the response's cost debited afterwards.
+    assert_eq!(run(&e, check()).await.code, Code::Ok);
+    assert_eq!(run(&e, debit(80)).await.statuses[0].remaining, 20);
+    assert_eq!(run(&e, check()).await.code, Code::Ok, "80 of 100: under");
+    // This debit overshoots: recorded whole.
+    let d = run(&e, debit(50)).await;
+    assert_eq!((d.code, d.statuses[0].remaining), (Code::Ok, 0));
+    // Over the limit: checks are denied until the window ends...
+    let d = run(&e, check()).await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert!(d.retry_after_us.is_some_and(|r| r > 0 && r <= 60 * S));
+    // ...and a late debit of a request admitted earlier is still recorded while over.
+    let d = run(&e, debit(5)).await;
+    assert_eq!(d.code, Code::OverLimit);
+    clock.advance(60 * S);
+    assert_eq!(run(&e, check()).await.code, Code::Ok);
+}
+
+#[tokio::test]
+async fn a_cost_bucket_goes_into_debt_and_drains_back() {
+    let (clock, e) = cost_engine();
+    let check = || vec![desc(&[("bucket_tokens", "u")], 0)];
+    // 60 per minute: one token a second. A debit of 90 leaves a debt of 30.
+    run(&e, vec![desc(&[("bucket_tokens", "u")], 90)]).await;
+    let d = run(&e, check()).await;
+    assert_eq!(d.code, Code::OverLimit);
+    // Until one token of room: 31 s.
+    assert_eq!(d.retry_after_us, Some(31 * S));
+    clock.advance(30 * S);
+    assert_eq!(run(&e, check()).await.code, Code::OverLimit);
+    clock.advance(S);
+    let d = run(&e, check()).await;
+    assert_eq!((d.code, d.statuses[0].remaining), (Code::Ok, 1));
+}
+
+#[tokio::test]
+async fn a_cost_debit_stands_when_another_limit_denies_the_request() {
+    let (_, e) = cost_engine();
+    let both = |n| vec![desc(&[("tokens", "u")], n), desc(&[("client", "c")], 1)];
+    run(&e, both(10)).await;
+    run(&e, both(10)).await;
+    // The client's 2 per minute are spent: denied, but the 30 tokens are spent too.
+    let d = run(&e, both(10)).await;
+    assert_eq!(d.code, Code::OverLimit);
+    let d = run(&e, vec![desc(&[("tokens", "u")], 0)]).await;
+    assert_eq!(d.statuses[0].remaining, 70);
+}
+
+#[test]
+fn overdraft_is_refused_where_it_cannot_be_exact() {
+    for (alg, extra) in [("sliding_window", ""), ("sliding_log", "")] {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    overdraft: true\n    rate_limit: {{unit: minute, requests_per_unit: 5, algorithm: {alg}{extra}}}\n"
+        );
+        let e = load_texts([("d.yaml", text.as_str())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overdraft applies to fixed_window"), "{e}");
+    }
+    let hybrid = "domain: d\ndescriptors:\n  - key: k\n    overdraft: true\n    mode: hybrid\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let e = load_texts([("d.yaml", hybrid)]).unwrap_err().to_string();
+    assert!(
+        e.contains("hybrid does not apply to an overdraft limit"),
+        "{e}"
+    );
+}

@@ -18,7 +18,8 @@ fn level_now(limit: &Limit, state: &State, now_us: u64) -> u64 {
         _ => return 0,
     };
     let capacity = limit.burst * limit.period_ticks();
-    let level = level.min(capacity);
+    // An overdraft limit's level may be in debt, up to its cap.
+    let level = level.min(capacity.max(limit.overdraft_cap()));
     let elapsed = (now_us / limit.tick_us).saturating_sub(at_us / limit.tick_us);
     // elapsed × requests could be huge after a long idle time; compare by division first.
     if elapsed >= div_ceil(level, limit.requests) {
@@ -46,6 +47,9 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
     let p = limit.period_ticks();
     let capacity = limit.burst * p;
     let level = level_now(limit, state, now_us);
+    if limit.overdraft {
+        return overdraft(limit, level, capacity, now_us, hits);
+    }
     if hits <= limit.burst && level <= capacity - hits * p {
         let level = level + hits * p;
         let verdict = Verdict {
@@ -75,6 +79,42 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         retry_after_us,
     };
     (verdict, Update::Keep)
+}
+
+/// A cost limit: allowed while one unit of room is left, and the hits go in even past the
+/// capacity (the level in debt, up to the cap), so later requests wait for it to drain.
+fn overdraft(
+    limit: &Limit,
+    level: u64,
+    capacity: u64,
+    now_us: u64,
+    hits: u64,
+) -> (Verdict, Update) {
+    let p = limit.period_ticks();
+    let next = level
+        .saturating_add(hits.saturating_mul(p))
+        .min(limit.overdraft_cap());
+    let update = if hits > 0 {
+        Update::Set(State::Meter {
+            level: next,
+            at_us: now_us,
+        })
+    } else {
+        Update::Keep
+    };
+    let allowed = level <= capacity - p;
+    let shown = if allowed { next } else { level };
+    let verdict = Verdict {
+        allowed,
+        remaining: capacity.saturating_sub(shown) / p,
+        reset_after_us: drain_time(limit, shown, 0, now_us),
+        retry_after_us: if allowed {
+            0
+        } else {
+            drain_time(limit, level, capacity - p, now_us)
+        },
+    };
+    (verdict, update)
 }
 
 pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> State {

@@ -1,4 +1,5 @@
-//! A counter per epoch-aligned window: `count + hits <= requests` admits.
+//! A counter per epoch-aligned window: `count + hits <= requests` admits (with `overdraft`,
+//! `count < requests` admits and the count may pass the limit).
 
 use super::{Limit, State, Update, Verdict};
 
@@ -14,6 +15,9 @@ fn current(limit: &Limit, state: &State, now_us: u64) -> (u64, u64) {
 pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     let (start, count) = current(limit, state, now_us);
     let to_end = start + limit.period_us - now_us;
+    if limit.overdraft {
+        return overdraft(limit, start, count, to_end, hits);
+    }
     let fits = hits <= limit.requests && count <= limit.requests - hits;
     if fits {
         let count = count + hits;
@@ -41,6 +45,30 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
         };
         (verdict, Update::Keep)
     }
+}
+
+/// A cost limit: allowed while the count is under the limit, and the hits are counted even
+/// past it (up to the cap), so the window stays over until it ends.
+fn overdraft(limit: &Limit, start: u64, count: u64, to_end: u64, hits: u64) -> (Verdict, Update) {
+    let next = count.saturating_add(hits).min(limit.overdraft_cap());
+    let update = if hits > 0 {
+        Update::Set(State::Window {
+            start_us: start,
+            count: next,
+        })
+    } else {
+        Update::Keep
+    };
+    let allowed = count < limit.requests;
+    let verdict = Verdict {
+        allowed,
+        remaining: limit
+            .requests
+            .saturating_sub(if allowed { next } else { count }),
+        reset_after_us: to_end,
+        retry_after_us: if allowed { 0 } else { to_end },
+    };
+    (verdict, update)
 }
 
 pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> State {

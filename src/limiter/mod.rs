@@ -116,6 +116,10 @@ pub enum LimitError {
     )]
     OutOfRange { requests: u64, period_s: u64 },
     #[error(
+        "overdraft applies to fixed_window, token_bucket, leaky_bucket and gcra, not to {0} (it cannot count past its limit exactly)"
+    )]
+    OverdraftNotApplicable(Algorithm),
+    #[error(
         "a full bucket of {burst} drains at {requests} per {period_s} s in more than 142 years; raise the rate or lower the burst"
     )]
     DrainsTooSlowly {
@@ -136,6 +140,10 @@ pub struct Limit {
     pub burst: u64,
     /// Time resolution of the products (1 µs for most limits, coarser for long periods).
     pub tick_us: u64,
+    /// A cost limit (`overdraft: true`): a request is allowed while at least one unit is left,
+    /// and every hit it carries is recorded, past the limit too (a window counts over it, a
+    /// bucket's level goes into debt), so later requests wait until usage is back under.
+    pub overdraft: bool,
 }
 
 impl Limit {
@@ -181,6 +189,7 @@ impl Limit {
             period_us,
             burst,
             tick_us,
+            overdraft: false,
         };
         if algorithm.has_burst() && requests > 0 && limit.full_drain_us() > u128::from(TIME_MAX) {
             return Err(LimitError::DrainsTooSlowly {
@@ -190,6 +199,37 @@ impl Limit {
             });
         }
         Ok(limit)
+    }
+
+    /// This limit as a cost limit; only where usage past the limit can be kept exactly (a fixed
+    /// window's count, a bucket's level).
+    pub fn with_overdraft(self) -> Result<Self, LimitError> {
+        match self.algorithm {
+            Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                Err(LimitError::OverdraftNotApplicable(self.algorithm))
+            }
+            _ => Ok(Self {
+                overdraft: true,
+                ..self
+            }),
+        }
+    }
+
+    /// The most usage an overdraft limit records (0: not an overdraft limit): a count, or a
+    /// bucket level whose drain time stays within [`TIME_MAX`], below 2^53 either way, so the
+    /// Lua twins compute it exactly. Usage past it is not recorded (billions of limits over).
+    pub fn overdraft_cap(&self) -> u64 {
+        if !self.overdraft {
+            return 0;
+        }
+        let exact = EXACT_MAX - 1;
+        if self.algorithm.has_burst() {
+            let drains_in_time = (TIME_MAX / self.tick_us).saturating_mul(self.requests);
+            let capacity = self.burst * self.period_ticks();
+            drains_in_time.min(exact).max(capacity)
+        } else {
+            exact
+        }
     }
 
     /// The period in ticks.
@@ -350,7 +390,8 @@ impl State {
 }
 
 /// Decides `hits` against `state` at `now_us`. The update is what the store applies if it
-/// commits (it must only commit an allowed verdict).
+/// commits: only an allowed verdict's, except an overdraft limit's with hits, which the store
+/// records whatever the decision ([`charges_always`]).
 pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
     if limit.requests == 0 {
         return (never(limit, now_us, hits), Update::Keep);
@@ -363,6 +404,12 @@ pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict,
             bucket::decide(limit, state, now_us, hits)
         }
     }
+}
+
+/// Whether the store records this check's update even when it or its batch is denied: the
+/// hits of a cost limit were spent already (a debit sent after the response).
+pub fn charges_always(limit: &Limit, hits: u64) -> bool {
+    limit.overdraft && hits > 0 && limit.requests > 0
 }
 
 /// Gives `hits` back, never below empty. Returns the verdict to report (always allowed).

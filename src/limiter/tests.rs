@@ -357,3 +357,37 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_overdraft_limit_records_hostile_hits_up_to_its_cap() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let limit = limit(algorithm, 10, 60, None).with_overdraft().unwrap();
+        let now = 1_000_000 * S;
+        let (v, update) = decide(&limit, &State::Empty, now, u64::MAX);
+        assert!(
+            v.allowed,
+            "{algorithm}: under the limit, any cost is admitted"
+        );
+        assert_eq!(v.remaining, 0);
+        let state = State::Empty.after(&update);
+        let (again, _) = decide(&limit, &state, now, 0);
+        assert!(!again.allowed, "{algorithm}: in debt");
+        // The debt drains (or the window ends) within the exact time range.
+        assert!(again.retry_after_us <= TIME_MAX, "{algorithm}: {again:?}");
+        let (more, update) = decide(&limit, &state, now, u64::MAX);
+        assert!(!more.allowed);
+        assert_eq!(
+            state.after(&update),
+            state,
+            "{algorithm}: capped, not wrapped"
+        );
+    }
+    assert_eq!(
+        limit(Algorithm::SlidingWindow, 10, 60, None).with_overdraft(),
+        Err(LimitError::OverdraftNotApplicable(Algorithm::SlidingWindow))
+    );
+}

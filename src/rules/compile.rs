@@ -465,6 +465,12 @@ impl Compiler<'_> {
             Some(PlanRef { source, group })
         });
         let rule = if let Some(plan) = plan {
+            if raw.overdraft {
+                self.error(
+                    &format!("{here}.overdraft"),
+                    "overdraft applies to a descriptor's own rate_limit or rate_limits, not to plan limits".into(),
+                );
+            }
             self.rule_count += 1;
             Some(Rule {
                 plan: Some(plan),
@@ -472,6 +478,7 @@ impl Compiler<'_> {
             })
         } else if limits.is_empty() {
             for (set, field) in [
+                (raw.overdraft, "overdraft"),
                 (raw.failure_mode.is_some(), "failure_mode"),
                 (raw.mode.is_some(), "mode"),
                 (raw.hash_tag.is_some(), "hash_tag"),
@@ -538,7 +545,13 @@ impl Compiler<'_> {
             .collect();
         let mut tiers = Vec::new();
         for (at, limit) in limits {
-            if let Some(tier) = self.tier(at, limit, &names) {
+            if let Some(mut tier) = self.tier(at, limit, &names) {
+                if raw.overdraft {
+                    match tier.limit.with_overdraft() {
+                        Ok(l) => tier.limit = l,
+                        Err(e) => self.error(&format!("{here}.overdraft"), e.to_string()),
+                    }
+                }
                 tiers.push(tier);
             }
         }
@@ -566,6 +579,12 @@ impl Compiler<'_> {
                     "mode: hybrid applies only to fixed_window and sliding_window limits, not to {} (a lease held unused would let it admit more than its limit)",
                     tier.limit.algorithm
                 ),
+            );
+        }
+        if raw.overdraft && mode == Some(crate::counter::Mode::Hybrid) {
+            self.error(
+                &format!("{here}.mode"),
+                "mode: hybrid does not apply to an overdraft limit (its every charge must reach the shared counter)".into(),
             );
         }
         if raw.hash_tag.as_deref() == Some("") {

@@ -71,6 +71,10 @@ pub struct RawDescriptor {
     /// Returned to Envoy in the response's dynamic metadata while this rule allows
     /// (`--response-dynamic-metadata`); its contents are not checked, as in the reference.
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Extension: a cost limit (tokens, bytes) whose cost is known only afterwards: a request is
+    /// allowed while usage is under the limit, and every hit is recorded, past the limit too.
+    #[serde(default)]
+    pub overdraft: bool,
     /// Extension: what to answer when the shared backend (Redis) cannot: allow, deny, local or
     /// error.
     pub failure_mode: Option<String>,

@@ -148,6 +148,7 @@ impl LeaseTable {
     /// Whether this check may be decided from a lease.
     pub fn is_hybrid(&self, c: &Check<'_>) -> bool {
         c.kind == CheckKind::Enforce
+            && !c.limit.overdraft
             && c.mode.unwrap_or(self.options.default_mode) == Mode::Hybrid
             && leasable(c.limit.algorithm)
             && c.limit.requests > 0
@@ -491,16 +492,39 @@ impl<S: Store> Leases<S> {
         }
         leases.learn_refunds(checks, &outcome);
         // The leases did not fit: the request alone, exactly. Every refund (the request's own
-        // and the old leases') was applied by the first call: now they only look.
+        // and the old leases') and every cost limit's charge was applied by the first call: now
+        // they only look, and a charge reports what the first call decided.
+        let first = outcome;
+        let applied = |c: &Check<'_>| {
+            c.kind == CheckKind::Refund || crate::limiter::charges_always(c.limit, c.hits)
+        };
         let alone: Vec<Check<'_>> = checks
             .iter()
-            .map(|c| match c.kind {
-                CheckKind::Refund => Check { hits: 0, ..*c },
-                _ => *c,
+            .map(|c| {
+                if applied(c) {
+                    Check { hits: 0, ..*c }
+                } else {
+                    *c
+                }
             })
             .collect();
         let outcome = self.inner.apply(&alone).await?;
-        let verdicts = leases.learn(checks, &[], &outcome, now);
+        let mut verdicts = leases.learn(checks, &[], &outcome, now);
+        for (i, c) in checks.iter().enumerate() {
+            if c.kind == CheckKind::Refund {
+                continue;
+            }
+            if applied(c) {
+                verdicts[i] = first.verdicts[i];
+                continue;
+            }
+            // This call saw the request's own refunds of the counter already applied; a batch
+            // reports its checks before its refunds.
+            let own_refunds = same_counter(original, i)
+                .filter(|&r| original[r].kind == CheckKind::Refund)
+                .fold(0u64, |sum, r| sum.saturating_add(original[r].hits));
+            verdicts[i].remaining = verdicts[i].remaining.saturating_sub(own_refunds);
+        }
         Ok(Outcome {
             verdicts,
             ..outcome

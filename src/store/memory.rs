@@ -238,6 +238,7 @@ impl MemoryStore {
         let mut verdicts = Vec::with_capacity(checks.len());
         let mut allowed = true;
         let mut new_keys = 0;
+        let mut new_charge_keys = 0;
         for (i, c) in checks.iter().enumerate() {
             if c.kind == CheckKind::Refund {
                 verdicts.push(Verdict::default());
@@ -250,26 +251,30 @@ impl MemoryStore {
             // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
             // update says: a probe must not take room.
             let looks_at_nothing = committed.is_none() && c.hits == 0;
-            if verdict.allowed {
-                if !looks_at_nothing {
-                    if committed.is_none() && update != Update::Keep {
-                        new_keys += 1;
-                    }
-                    slots[i].update = Some(update);
+            let charge = limiter::charges_always(c.limit, c.hits);
+            if (verdict.allowed || charge) && !looks_at_nothing {
+                if committed.is_none() && update != Update::Keep {
+                    new_keys += 1;
+                    new_charge_keys += usize::from(charge);
                 }
-            } else if c.kind == CheckKind::Enforce {
+                slots[i].update = Some(update);
+            }
+            if !verdict.allowed && c.kind == CheckKind::Enforce {
                 allowed = false;
             }
             verdicts.push(verdict);
         }
 
-        if allowed && new_keys > 0 && self.len() + new_keys > self.max_keys {
+        // A denied batch still records its cost limits' charges.
+        let new_keys = if allowed { new_keys } else { new_charge_keys };
+        if new_keys > 0 && self.len() + new_keys > self.max_keys {
             return Err(self.len() + new_keys - self.max_keys);
         }
 
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter_mut().zip(&mut verdicts)) {
             if let Some(update) = slot.update.take() {
-                if allowed {
+                // A cost limit's charge was spent already: recorded whatever the batch does.
+                if allowed || limiter::charges_always(c.limit, c.hits) {
                     self.commit(&mut guards[guard_of(slot.shard)], c, slot.hash, update);
                 } else {
                     *verdict = verdict.unconsumed(c.hits);

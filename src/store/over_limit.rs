@@ -54,7 +54,8 @@ impl<S: Store> OverLimitCache<S> {
 
     /// The cached denial of this check at `now`, if one applies.
     fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
-        if check.kind != CheckKind::Enforce || check.hits == 0 {
+        // A cost limit's charge must reach the backend, denied or not.
+        if check.kind != CheckKind::Enforce || check.hits == 0 || check.limit.overdraft {
             return None;
         }
         let d = *self.entries.lock(check.key).get(check.key)?;

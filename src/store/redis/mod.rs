@@ -347,7 +347,8 @@ impl RedisStore {
                 .arg(c.limit.period_us)
                 .arg(c.limit.burst)
                 .arg(c.limit.tick_us)
-                .arg(c.until_us);
+                .arg(c.until_us)
+                .arg(c.limit.overdraft_cap());
         }
         let call = async {
             let reply = self.pool.invoke(&invocation).await.map_err(|e| {
@@ -456,7 +457,13 @@ impl Store for RedisStore {
                 let consumed: Vec<usize> = members
                     .iter()
                     .copied()
-                    .filter(|&i| checks[i].kind != CheckKind::Refund && verdicts[i].allowed)
+                    .filter(|&i| {
+                        let c = &checks[i];
+                        // A cost limit's charge stands whatever the batch does.
+                        c.kind != CheckKind::Refund
+                            && verdicts[i].allowed
+                            && !crate::limiter::charges_always(c.limit, c.hits)
+                    })
                     .collect();
                 if consumed.is_empty() {
                     continue;

@@ -1,9 +1,10 @@
 -- sluice: decides one request's checks in one slot, all or nothing.
 --
 -- KEYS: one per check. ARGV[1]: '' (time from Redis TIME) or a pinned time in microseconds
--- (tests only; TTLs are then padded, see prelude.lua). Then 8 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
+-- (tests only; TTLs are then padded, see prelude.lua). Then 9 arguments per check: kind (1 enforce, 2 shadow, 3 refund), algorithm
 -- (1 fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets), hits, requests,
--- period_us, burst, tick_us, until (refunds only: applied only while now < until; 0 always).
+-- period_us, burst, tick_us, until (refunds only: applied only while now < until; 0 always),
+-- cap (an overdraft limit's most recorded usage; 0: not an overdraft limit, see Limit).
 -- Reply: allowed (1/0), the time decided at (microseconds), then per check: allowed,
 -- remaining, reset_after_us, retry_after_us.
 -- Keys are unique among the non-refund checks (the caller merges repeats).
@@ -53,7 +54,7 @@ end
 
 local checks = {}
 for i = 1, #KEYS do
-  local b = 1 + (i - 1) * 8
+  local b = 1 + (i - 1) * 9
   checks[i] = {
     kind = tonumber(ARGV[b + 1]),
     alg = tonumber(ARGV[b + 2]),
@@ -63,6 +64,7 @@ for i = 1, #KEYS do
       period = tonumber(ARGV[b + 5]),
       burst = tonumber(ARGV[b + 6]),
       tick = tonumber(ARGV[b + 7]),
+      cap = tonumber(ARGV[b + 9]),
     },
     refund_until = tonumber(ARGV[b + 8]),
   }
@@ -74,9 +76,12 @@ for i, c in ipairs(checks) do
   if c.kind ~= REFUND then
     local v, commit = decide(c.alg, KEYS[i], c.lim, c.hits)
     verdicts[i] = v
-    if v[1] == 1 then
+    -- A cost limit's charge was spent already: recorded whatever the batch does.
+    c.charge = c.lim.cap > 0 and c.hits > 0 and c.lim.requests > 0
+    if v[1] == 1 or c.charge then
       commits[i] = commit
-    elseif c.kind == ENFORCE then
+    end
+    if v[1] ~= 1 and c.kind == ENFORCE then
       allowed = 0
     end
   end
@@ -84,7 +89,7 @@ end
 
 for i, c in ipairs(checks) do
   if commits[i] then
-    if allowed == 1 then
+    if allowed == 1 or c.charge then
       commits[i]()
     else
       verdicts[i][2] = verdicts[i][2] + c.hits

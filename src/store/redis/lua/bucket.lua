@@ -4,7 +4,8 @@ local function bucket_level(key, lim, now)
   local s = load_ints(key)
   if not s then return 0 end
   local capacity = lim.burst * idiv(lim.period, lim.tick)
-  local level = min(s[1], capacity)
+  -- An overdraft limit's level may be in debt, up to its cap.
+  local level = min(s[1], math.max(capacity, lim.cap))
   local elapsed = math.max(idiv(now, lim.tick) - idiv(s[2], lim.tick), 0)
   if elapsed >= ceil_div(level, lim.requests) then return 0 end
   return level - elapsed * lim.requests
@@ -28,6 +29,19 @@ local function bucket_decide(key, lim, now, hits)
   local p = idiv(lim.period, lim.tick)
   local capacity = lim.burst * p
   local level = bucket_level(key, lim, now)
+  if lim.cap > 0 then
+    -- Overdraft: allowed while one unit of room is left, every hit goes in (up to the cap).
+    local next_level = min(level + hits * p, lim.cap)
+    local commit = nil
+    if hits > 0 then
+      commit = function() bucket_store(key, lim, now, next_level) end
+    end
+    if level <= capacity - p then
+      return { 1, idiv(math.max(capacity - next_level, 0), p), bucket_drain_time(lim, next_level, 0, now), 0 }, commit
+    end
+    return { 0, idiv(math.max(capacity - level, 0), p), bucket_drain_time(lim, level, 0, now),
+      bucket_drain_time(lim, level, capacity - p, now) }, commit
+  end
   if hits <= lim.burst and level <= capacity - hits * p then
     local next_level = level + hits * p
     local commit = function() bucket_store(key, lim, now, next_level) end
