@@ -64,5 +64,9 @@ impl RateLimitDescriptor {
     }
 }
 
+/// The encoded descriptors of the RLS protos (from build.rs), for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/rls_descriptor.bin"));
+
 /// The gRPC service name, as health checks use it.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

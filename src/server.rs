@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
-use tonic_health::ServingStatus;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::engine::Engine;
 use crate::proto::{RateLimitServiceServer, SERVICE_NAME};
@@ -19,17 +19,8 @@ use crate::rules::reload::Reloader;
 use crate::service::{HeaderSet, RateLimitGrpc};
 use crate::store::Store;
 
-/// The gRPC health service names sluice answers for: the server as a whole (""), the RLS by its
-/// full name, and `ratelimit`, the name the reference service registers (Envoy health checks
-/// written for it keep working).
-pub const HEALTH_NAMES: [&str; 3] = ["", SERVICE_NAME, "ratelimit"];
-
-/// Every health name says `status`.
-async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
-    for name in HEALTH_NAMES {
-        health.set_service_status(name, status).await;
-    }
-}
+pub use crate::service::health::HEALTH_NAMES;
+use crate::service::health::HealthStatus;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -57,7 +48,7 @@ pub struct Running<S> {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
     serving: Arc<AtomicBool>,
-    health: tonic_health::server::HealthReporter,
+    health: HealthStatus,
 }
 
 pub async fn start<S: Store>(
@@ -73,8 +64,7 @@ pub async fn start<S: Store>(
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::Serving).await;
+    let (health, health_service) = HealthStatus::new();
     let serving = Arc::new(AtomicBool::new(true));
     let service = Arc::new(
         RateLimitGrpc::new(engine.clone(), options.headers, options.metrics.clone())
@@ -89,6 +79,7 @@ pub async fn start<S: Store>(
         Dispatch {
             rls: RateLimitServiceServer::from_arc(service.clone()),
             health: health_service,
+            reflection: reflection()?,
         },
         TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
         signal(stopped.clone()),
@@ -144,7 +135,7 @@ pub async fn start<S: Store>(
                     } else {
                         ServingStatus::NotServing
                     };
-                    set_health(&health, status).await;
+                    health.set(status);
                     was_ready = ready;
                 }
             }
@@ -185,22 +176,36 @@ pub async fn start<S: Store>(
     })
 }
 
-/// The two gRPC services on the one listener, told apart by the path's service name. tonic's
+/// gRPC server reflection (v1) of the RLS and health services, for grpcurl and grpcui.
+fn reflection() -> anyhow::Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the gRPC reflection service")
+}
+
+/// The gRPC services on the one listener, told apart by the path's service name. tonic's
 /// `Router` (an axum router) would match routes and box a service and a future per call; for
-/// two services a prefix test is all it takes, and both generated servers already box their
-/// futures. Anything that is not ShouldRateLimit goes to health, which answers UNIMPLEMENTED
-/// for what it does not know.
+/// three services a prefix test is all it takes, and the generated servers already box their
+/// futures. ShouldRateLimit is tested first; anything that is neither it nor reflection goes to
+/// health, which answers UNIMPLEMENTED for what it does not know.
 #[derive(Clone)]
-struct Dispatch<R, H> {
+struct Dispatch<R, H, F> {
     rls: R,
     health: H,
+    reflection: F,
 }
 
 type GrpcRequest = tonic::codegen::http::Request<tonic::body::Body>;
 type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
 type GrpcFuture = tonic::codegen::BoxFuture<GrpcResponse, std::convert::Infallible>;
 
-impl<R, H> tonic::codegen::Service<GrpcRequest> for Dispatch<R, H>
+impl<R, H, F> tonic::codegen::Service<GrpcRequest> for Dispatch<R, H, F>
 where
     R: tonic::codegen::Service<
             GrpcRequest,
@@ -209,6 +214,12 @@ where
             Future = GrpcFuture,
         >,
     H: tonic::codegen::Service<
+            GrpcRequest,
+            Response = GrpcResponse,
+            Error = std::convert::Infallible,
+            Future = GrpcFuture,
+        >,
+    F: tonic::codegen::Service<
             GrpcRequest,
             Response = GrpcResponse,
             Error = std::convert::Infallible,
@@ -223,7 +234,7 @@ where
         &mut self,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
-        // Both generated servers are always ready.
+        // The generated servers are always ready.
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -236,6 +247,8 @@ where
             .is_some_and(|method| method.starts_with('/'));
         if rls {
             self.rls.call(request)
+        } else if request.uri().path().starts_with("/grpc.reflection.") {
+            self.reflection.call(request)
         } else {
             self.health.call(request)
         }
@@ -248,12 +261,14 @@ impl<S: Store> Running<S> {
     /// still arrives is answered as before.
     pub async fn drain(&self) {
         self.serving.store(false, Ordering::Release);
-        set_health(&self.health, ServingStatus::NotServing).await;
+        self.health.set(ServingStatus::NotServing);
     }
 
     /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.drain().await;
+        // Open health watches end, so the graceful shutdown does not wait on them.
+        self.health.close();
         let _ = self.stop.send(true);
         for task in self.tasks {
             task.await.context("server task panicked")??;

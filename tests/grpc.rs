@@ -369,3 +369,97 @@ async fn quota_mode_routes_by_dynamic_metadata_until_every_pool_is_spent() {
     let metadata = show_struct(r.dynamic_metadata.as_ref().unwrap());
     assert!(!metadata.contains("metadata:"), "{metadata}");
 }
+
+#[tokio::test]
+async fn health_watch_follows_the_grpc_health_spec() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut health = HealthClient::new(channel);
+    let watch = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    let mut known = health.watch(watch("ratelimit")).await.unwrap().into_inner();
+    let first = known.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    // An unknown name: one SERVICE_UNKNOWN, and the call is not ended.
+    let mut unknown = health
+        .watch(watch("no.such.Service"))
+        .await
+        .unwrap()
+        .into_inner();
+    let r = unknown.message().await.unwrap().unwrap();
+    assert_eq!(r.status, ServingStatus::ServiceUnknown as i32);
+    let still_open = tokio::time::timeout(std::time::Duration::from_millis(200), unknown.message());
+    assert!(still_open.await.is_err(), "the unknown watch stays open");
+    // Stopping: the known watch hears NOT_SERVING, then both calls end (the graceful shutdown
+    // does not wait on them).
+    let stopping = tokio::spawn(server.running.stop());
+    let r = known.message().await.unwrap().unwrap();
+    assert_eq!(r.status, ServingStatus::NotServing as i32);
+    assert!(known.message().await.map_or(true, |m| m.is_none()));
+    assert!(unknown.message().await.map_or(true, |m| m.is_none()));
+    tokio::time::timeout(std::time::Duration::from_secs(10), stopping)
+        .await
+        .expect("stop does not wait on health watches")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn reflection_lists_and_describes_the_services() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let requests = [
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".into(),
+        )),
+    ];
+    let mut answers = client
+        .server_reflection_info(futures_util::stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("a list of services")
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+        ]
+    );
+    let Some(MessageResponse::FileDescriptorResponse(files)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("the file of the RLS")
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    server.running.stop().await.unwrap();
+}

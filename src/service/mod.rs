@@ -2,6 +2,7 @@
 //! (with `admin::json`) that knows the wire types.
 
 pub mod headers;
+pub mod health;
 mod metadata;
 
 use std::sync::Arc;
