@@ -18,6 +18,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --no-create-home sluice
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
+# Where the reference service's image has its binary: invoked as `ratelimit`, sluice serves and
+# reads the reference's environment variables (README, "Moving from envoyproxy/ratelimit"), so
+# a deployment of the reference (Envoy Gateway's too) can switch by changing the image.
+RUN ln -s /usr/local/bin/sluice /bin/ratelimit
 COPY config /etc/sluice/rules
 USER 10001:10001
 ENV SLUICE_CONFIG=/etc/sluice/rules \

@@ -13,6 +13,7 @@ pub mod explain;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
+pub mod reference_env;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -29,6 +29,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "sluice",
     version,
+    args_override_self = true,
     about = "A rate limit service for Envoy (RLS v3)"
 )]
 struct Cli {
@@ -52,6 +53,9 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Serve ShouldRateLimit on --grpc-addr and /healthcheck, /json on --http-addr.
+    // A flag given twice takes its last value: the reference's settings come first (see
+    // command_line), the command line's own after them.
+    #[command(args_override_self = true)]
     Serve(Box<ServeArgs>),
     /// Check rules exactly as `serve` loads them.
     Validate {
@@ -223,9 +227,51 @@ struct ServeArgs {
     max_entry_bytes: usize,
 }
 
+/// The command line, with the reference service's environment read in when sluice runs in its
+/// place: invoked as `ratelimit` (the image's `/bin/ratelimit`, as Envoy Gateway starts it; with
+/// no arguments that means `serve`) or with `SLUICE_REFERENCE_ENV=true`.
+fn command_line() -> Result<(Vec<std::ffi::OsString>, sluice::reference_env::Translation), String> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let as_reference = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "ratelimit");
+    let asked = std::env::var("SLUICE_REFERENCE_ENV").is_ok_and(|v| v == "true" || v == "1");
+    if !as_reference && !asked {
+        return Ok((args, Default::default()));
+    }
+    if as_reference && args.len() == 1 {
+        args.push("serve".into());
+    }
+    let t = sluice::reference_env::translate(|k| std::env::var(k).ok())
+        .map_err(|e| format!("sluice (as the reference service): {e}"))?;
+    // Only `serve` takes them; after the subcommand, before the command line's own flags (a
+    // repeated flag's last value wins, so those still override).
+    let mut t = t;
+    if let Some(at) = args.iter().position(|a| a == "serve") {
+        let tail = args.split_off(at + 1);
+        args.extend(std::mem::take(&mut t.flags).into_iter().map(Into::into));
+        args.extend(tail);
+    }
+    Ok((args, t))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let (args, reference) = match command_line() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
+    init_logging(
+        cli.log_format,
+        reference.log_level.as_deref().unwrap_or("info"),
+    );
+    for (var, why) in reference.ignored {
+        tracing::info!(variable = var, "reference setting not needed: {why}");
+    }
     let load = LoadOptions {
         merge_domains: cli.merge_domains,
     };
@@ -255,9 +301,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// `default_level` when `RUST_LOG` is not set.
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

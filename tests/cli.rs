@@ -264,3 +264,87 @@ async fn sighup_reloads_even_without_watching() {
     assert_eq!(child.wait().await.unwrap().code(), Some(0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Run as the reference service is: a `ratelimit` binary, no arguments, its environment.
+fn as_reference(dir: &std::path::Path) -> tokio::process::Command {
+    let link = dir.join("ratelimit");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+    }
+    let mut c = tokio::process::Command::new(link);
+    c.kill_on_drop(true)
+        .env_clear()
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+#[tokio::test]
+async fn as_ratelimit_it_serves_from_the_references_environment() {
+    let dir = common::temp_dir("as-reference");
+    // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/, as the reference reads its rules.
+    let rules = dir.join("runtime/ratelimit/config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let mut child = as_reference(&dir)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("RUNTIME_ROOT", dir.join("runtime"))
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("RUNTIME_WATCH_ROOT", "false")
+        .env("USE_STATSD", "false")
+        .env("LOG_LEVEL", "info")
+        .env("SHADOW_MODE", "true")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_healthy(http_addr).await;
+    let (_, config) = common::http_get(http_addr, "/rlconfig").await;
+    assert!(
+        config.contains("a.k: unit=SECOND requests_per_unit=1"),
+        "{config}"
+    );
+    // SHADOW_MODE=true: over the limit, still OK overall.
+    let mut client =
+        sluice::proto::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .unwrap();
+    for _ in 0..2 {
+        let r = client
+            .should_rate_limit(common::request(
+                "a",
+                vec![common::descriptor(&[("k", "v")])],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, sluice::proto::Code::Ok as i32);
+    }
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn as_ratelimit_it_refuses_what_it_cannot_do_by_name() {
+    let dir = common::temp_dir("as-reference-refused");
+    let out = as_reference(&dir)
+        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not supported yet"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

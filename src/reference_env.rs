@@ -1,0 +1,501 @@
+//! The Go reference service's environment variables, read when sluice runs in its place (as
+//! `ratelimit`, e.g. the image's `/bin/ratelimit`, or with `SLUICE_REFERENCE_ENV=true`).
+//!
+//! Each variable is honoured (turned into the `serve` flag that means the same), ignored because
+//! it changes nothing sluice does (listed with why), or refused when it asks for something sluice
+//! does not do, so a deployment never runs with a setting silently dropped. A `SLUICE_*`
+//! variable of the same setting wins, and a flag on the command line wins over both (the flags
+//! are passed before the command line's own).
+
+/// The outcome: `serve` flags, and the variables read but not needed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    pub flags: Vec<String>,
+    /// `LOG_LEVEL`, for when `RUST_LOG` is not set.
+    pub log_level: Option<String>,
+    pub ignored: Vec<(String, &'static str)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReferenceEnvError {
+    #[error("{var}={value}: {why}")]
+    Unsupported {
+        var: String,
+        value: String,
+        why: &'static str,
+    },
+    #[error("{var}={value}: {why}")]
+    Invalid {
+        var: String,
+        value: String,
+        why: &'static str,
+    },
+}
+
+/// Variables that change nothing here, and why.
+const IGNORED: &[(&str, &str)] = &[
+    (
+        "USE_PROMETHEUS",
+        "metrics are always on GET /metrics on the HTTP port",
+    ),
+    ("PROMETHEUS_ADDR", "metrics are served on the HTTP port"),
+    ("PROMETHEUS_PATH", "metrics are served at /metrics"),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "the rules directory is watched either way",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "hidden files are always skipped"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "serve starts on the rules files it is given",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "the over-limit cache is sized in counters (--over-limit-cache)",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "every key's TTL is its state's end",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "a denied request never consumes",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "one script call per request (per cluster slot group)",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "one script call per request (per cluster slot group)",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "calls share multiplexed connections",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "serve refuses to start on invalid rules",
+    ),
+    (
+        "DEBUG_HOST",
+        "no debug listener: /rlconfig is on the HTTP port",
+    ),
+    (
+        "DEBUG_PORT",
+        "no debug listener: /rlconfig is on the HTTP port",
+    ),
+];
+
+/// Reads the reference's variables through `get` and says what they become.
+pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, ReferenceEnvError> {
+    let mut t = Translation::default();
+    let set = |name: &str| get(name).filter(|v| !v.is_empty());
+    let truthy = |name: &str| -> Result<Option<bool>, ReferenceEnvError> {
+        match set(name) {
+            None => Ok(None),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "t" => Ok(Some(true)),
+                "false" | "0" | "f" => Ok(Some(false)),
+                _ => Err(invalid(name, &v, "expected true or false")),
+            },
+        }
+    };
+    let flag = |t: &mut Translation, sluice_env: &str, flag: &str, value: Option<String>| {
+        // A SLUICE_* variable of the same setting wins: then clap reads that one.
+        if get(sluice_env).is_some() {
+            return;
+        }
+        t.flags.push(flag.to_owned());
+        if let Some(v) = value {
+            t.flags.push(v);
+        }
+    };
+
+    // Refused first: sluice cannot do what these ask.
+    for (var, refused_value, why) in [
+        (
+            "CONFIG_TYPE",
+            Some("GRPC_XDS_SOTW"),
+            "rules over xDS are not supported yet: use rules files (FILE)",
+        ),
+        (
+            "BACKEND_TYPE",
+            Some("memcache"),
+            "memcache is not supported: use redis",
+        ),
+        (
+            "REDIS_SOCKET_TYPE",
+            Some("unix"),
+            "Redis over a unix socket is not supported: use tcp",
+        ),
+        (
+            "REDIS_TYPE",
+            Some("sentinel"),
+            "Redis Sentinel is not supported yet",
+        ),
+        (
+            "REDIS_PERSECOND",
+            Some("true"),
+            "one Redis serves every unit",
+        ),
+    ] {
+        if let Some(v) = set(var)
+            && refused_value.is_some_and(|r| v.eq_ignore_ascii_case(r))
+        {
+            return Err(unsupported(var, &v, why));
+        }
+    }
+    for (var, why) in [
+        (
+            "GRPC_SERVER_USE_TLS",
+            "TLS on the gRPC listener is not supported yet",
+        ),
+        (
+            "USE_STATSD",
+            "statsd is not supported: metrics are Prometheus",
+        ),
+        (
+            "USE_DOG_STATSD",
+            "statsd is not supported: metrics are Prometheus",
+        ),
+        (
+            "REDIS_TLS_CLIENT_CERT",
+            "Redis client certificates are not supported yet",
+        ),
+    ] {
+        if truthy_or_set(var, &set)? {
+            return Err(unsupported(var, &set(var).unwrap_or_default(), why));
+        }
+    }
+
+    // Listeners.
+    let addr = |host: &str, port: &str, default_port: &str| {
+        let host = set(host).unwrap_or_else(|| "0.0.0.0".into());
+        let port = set(port).unwrap_or_else(|| default_port.into());
+        format!("{host}:{port}")
+    };
+    if set("GRPC_HOST").is_some() || set("GRPC_PORT").is_some() {
+        let a = addr("GRPC_HOST", "GRPC_PORT", "8081");
+        flag(&mut t, "SLUICE_GRPC_ADDR", "--grpc-addr", Some(a));
+    }
+    if set("HOST").is_some() || set("PORT").is_some() {
+        let a = addr("HOST", "PORT", "8080");
+        flag(&mut t, "SLUICE_HTTP_ADDR", "--http-addr", Some(a));
+    }
+
+    // Rules: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (default `config`).
+    if let Some(root) = set("RUNTIME_ROOT") {
+        let mut path = std::path::PathBuf::from(root);
+        if let Some(sub) = set("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(set("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        flag(
+            &mut t,
+            "SLUICE_CONFIG",
+            "--config",
+            Some(path.display().to_string()),
+        );
+    }
+
+    // Redis.
+    let redis_type = set("REDIS_TYPE").map(|v| v.to_ascii_lowercase());
+    let backend = match (set("BACKEND_TYPE"), redis_type.as_deref()) {
+        (_, Some("cluster")) => Some("redis-cluster"),
+        (_, Some("single")) | (Some(_), None) => Some("redis"),
+        (_, Some(other)) => return Err(invalid("REDIS_TYPE", other, "expected single or cluster")),
+        (None, None) => set("REDIS_URL").map(|_| "redis"),
+    };
+    if let Some(b) = backend {
+        flag(&mut t, "SLUICE_BACKEND", "--backend", Some(b.into()));
+    }
+    if let Some(url) = set("REDIS_URL") {
+        let scheme = if truthy("REDIS_TLS")?.unwrap_or(false) {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let auth = set("REDIS_AUTH").map(|a| match a.split_once(':') {
+            Some((user, pass)) => format!("{user}:{pass}@"),
+            None => format!(":{a}@"),
+        });
+        let urls: Vec<String> = url
+            .split(',')
+            .map(|hostport| {
+                format!(
+                    "{scheme}://{}{}",
+                    auth.clone().unwrap_or_default(),
+                    hostport.trim()
+                )
+            })
+            .collect();
+        flag(
+            &mut t,
+            "SLUICE_REDIS_URL",
+            "--redis-url",
+            Some(urls.join(",")),
+        );
+    }
+    if let Some(n) = set("REDIS_POOL_SIZE") {
+        flag(
+            &mut t,
+            "SLUICE_REDIS_POOL_SIZE",
+            "--redis-pool-size",
+            Some(n),
+        );
+    }
+    if let Some(d) = set("REDIS_TIMEOUT") {
+        // The reference's timeout is its dial timeout.
+        let d = go_duration(&d)
+            .ok_or_else(|| invalid("REDIS_TIMEOUT", &d, "expected a duration like 500ms or 10s"))?;
+        flag(
+            &mut t,
+            "SLUICE_REDIS_CONNECT_TIMEOUT",
+            "--redis-connect-timeout",
+            Some(d),
+        );
+    }
+    if let Some(p) = set("CACHE_KEY_PREFIX") {
+        flag(
+            &mut t,
+            "SLUICE_REDIS_KEY_PREFIX",
+            "--redis-key-prefix",
+            Some(p),
+        );
+    }
+
+    // Decisions and answers.
+    for (var, sluice_env, f) in [
+        ("SHADOW_MODE", "SLUICE_SHADOW_MODE", "--shadow-mode"),
+        ("QUOTA_MODE", "SLUICE_QUOTA_MODE", "--quota-mode"),
+        (
+            "RESPONSE_DYNAMIC_METADATA",
+            "SLUICE_RESPONSE_DYNAMIC_METADATA",
+            "--response-dynamic-metadata",
+        ),
+        (
+            "MERGE_DOMAIN_CONFIG",
+            "SLUICE_MERGE_DOMAINS",
+            "--merge-domains",
+        ),
+    ] {
+        if truthy(var)? == Some(true) {
+            flag(&mut t, sluice_env, f, None);
+        }
+    }
+    if let Some(r) = set("NEAR_LIMIT_RATIO") {
+        flag(
+            &mut t,
+            "SLUICE_NEAR_LIMIT_RATIO",
+            "--near-limit-ratio",
+            Some(r),
+        );
+    }
+    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? == Some(true) {
+        flag(
+            &mut t,
+            "SLUICE_RESPONSE_HEADERS",
+            "--response-headers",
+            Some("ratelimit".into()),
+        );
+        let names = [
+            ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        ]
+        .map(|(var, default)| set(var).unwrap_or_else(|| default.into()));
+        flag(
+            &mut t,
+            "SLUICE_RATELIMIT_HEADER_NAMES",
+            "--ratelimit-header-names",
+            Some(names.join(",")),
+        );
+    }
+    if let Some(level) = set("LOG_LEVEL") {
+        let level = level.to_ascii_lowercase();
+        let level = if level == "warning" {
+            "warn".into()
+        } else {
+            level
+        };
+        if !["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) {
+            return Err(invalid(
+                "LOG_LEVEL",
+                &level,
+                "expected trace, debug, info, warn or error",
+            ));
+        }
+        t.log_level = Some(level);
+    }
+    if let Some(format) = set("LOG_FORMAT") {
+        match format.to_ascii_lowercase().as_str() {
+            "json" => flag(
+                &mut t,
+                "SLUICE_LOG_FORMAT",
+                "--log-format",
+                Some("json".into()),
+            ),
+            "text" => {}
+            _ => return Err(invalid("LOG_FORMAT", &format, "expected text or json")),
+        }
+    }
+    for (var, why) in IGNORED {
+        if set(var).is_some() {
+            t.ignored.push(((*var).to_owned(), *why));
+        }
+    }
+    Ok(t)
+}
+
+/// True when a switch-like variable is set to anything but false (a certificate path counts).
+fn truthy_or_set(
+    var: &str,
+    set: &impl Fn(&str) -> Option<String>,
+) -> Result<bool, ReferenceEnvError> {
+    Ok(set(var).is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "f")))
+}
+
+/// A Go duration of one unit (`500ms`, `10s`, `2m`, `1h`) as sluice writes it.
+fn go_duration(d: &str) -> Option<String> {
+    let split = d.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = d.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let (n, unit) = match unit {
+        "us" | "µs" => (n, "us"),
+        "ms" => (n, "ms"),
+        "s" => (n, "s"),
+        "m" => (n.checked_mul(60)?, "s"),
+        "h" => (n.checked_mul(3600)?, "s"),
+        _ => return None,
+    };
+    Some(format!("{n}{unit}"))
+}
+
+fn unsupported(var: &str, value: &str, why: &'static str) -> ReferenceEnvError {
+    ReferenceEnvError::Unsupported {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        why,
+    }
+}
+
+fn invalid(var: &str, value: &str, why: &'static str) -> ReferenceEnvError {
+    ReferenceEnvError::Invalid {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        why,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(vars: &[(&str, &str)]) -> Result<Translation, ReferenceEnvError> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        translate(|k| vars.get(k).cloned())
+    }
+
+    #[test]
+    fn a_reference_deployment_becomes_serve_flags() {
+        let t = run(&[
+            ("PORT", "8080"),
+            ("GRPC_PORT", "8081"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_AUTH", "secret"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("REDIS_TIMEOUT", "2s"),
+            ("SHADOW_MODE", "false"),
+            ("QUOTA_MODE", "true"),
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--grpc-addr",
+                "0.0.0.0:8081",
+                "--http-addr",
+                "0.0.0.0:8080",
+                "--config",
+                "/data/ratelimit/config",
+                "--backend",
+                "redis",
+                "--redis-url",
+                "redis://:secret@redis:6379",
+                "--redis-pool-size",
+                "20",
+                "--redis-connect-timeout",
+                "2s",
+                "--quota-mode",
+                "--response-headers",
+                "ratelimit",
+                "--ratelimit-header-names",
+                "RateLimit-Limit,RateLimit-Remaining,X-Reset",
+            ]
+        );
+        assert_eq!(t.ignored.len(), 1, "{:?}", t.ignored);
+    }
+
+    #[test]
+    fn a_cluster_with_tls_and_a_user() {
+        let t = run(&[
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "a:6379, b:6379"),
+            ("REDIS_AUTH", "u:p"),
+            ("REDIS_TLS", "true"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--backend",
+                "redis-cluster",
+                "--redis-url",
+                "rediss://u:p@a:6379,rediss://u:p@b:6379"
+            ]
+        );
+    }
+
+    #[test]
+    fn what_sluice_cannot_do_is_refused_by_name() {
+        for (var, value) in [
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("BACKEND_TYPE", "memcache"),
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_TYPE", "sentinel"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("USE_STATSD", "true"),
+        ] {
+            let e = run(&[(var, value)]).unwrap_err();
+            assert!(
+                matches!(&e, ReferenceEnvError::Unsupported { var: v, .. } if v == var),
+                "{var}: {e}"
+            );
+        }
+        assert!(matches!(
+            run(&[("SHADOW_MODE", "yes")]),
+            Err(ReferenceEnvError::Invalid { .. })
+        ));
+        assert!(matches!(
+            run(&[("REDIS_TIMEOUT", "1.5s")]),
+            Err(ReferenceEnvError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_sluice_variable_of_the_same_setting_wins() {
+        let vars = [("GRPC_PORT", "9000"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")];
+        assert!(run(&vars).unwrap().flags.is_empty());
+    }
+}
