@@ -209,6 +209,14 @@ fn quota_tally(
     global_quota: bool,
 ) -> QuotaTally {
     let mut tally = QuotaTally::default();
+    // The common case, no quota mode anywhere: nothing to count (every request passes here).
+    if !global_quota
+        && !resolved
+            .iter()
+            .any(|r| r.rule.is_some_and(|r| r.quota_mode))
+    {
+        return tally;
+    }
     for (i, r) in resolved.iter().enumerate() {
         let mut checks = planned.iter().filter(|p| p.descriptor == i).peekable();
         // An override or a rule whose limits were all replaced has no quota_mode of its own.
