@@ -243,11 +243,10 @@ fn command_line() -> Result<(Vec<std::ffi::OsString>, sluice::reference_env::Tra
     if as_reference && args.len() == 1 {
         args.push("serve".into());
     }
-    let t = sluice::reference_env::translate(|k| std::env::var(k).ok())
+    let mut t = sluice::reference_env::translate(|k| std::env::var(k).ok())
         .map_err(|e| format!("sluice (as the reference service): {e}"))?;
     // Only `serve` takes them; after the subcommand, before the command line's own flags (a
     // repeated flag's last value wins, so those still override).
-    let mut t = t;
     if let Some(at) = args.iter().position(|a| a == "serve") {
         let tail = args.split_off(at + 1);
         args.extend(std::mem::take(&mut t.flags).into_iter().map(Into::into));
@@ -568,7 +567,7 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
     stop_signal.await;
     if !live.drain_delay.is_zero() {
         tracing::info!(delay = ?live.drain_delay, "draining: health NOT_SERVING, calls still answered");
-        running.drain().await;
+        running.drain();
         tokio::select! {
             _ = tokio::time::sleep(live.drain_delay) => {}
             _ = shutdown_signal() => tracing::info!("second signal: the drain ends now"),

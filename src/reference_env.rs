@@ -92,14 +92,9 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     let mut t = Translation::default();
     let set = |name: &str| get(name).filter(|v| !v.is_empty());
     let truthy = |name: &str| -> Result<Option<bool>, ReferenceEnvError> {
-        match set(name) {
-            None => Ok(None),
-            Some(v) => match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "t" => Ok(Some(true)),
-                "false" | "0" | "f" => Ok(Some(false)),
-                _ => Err(invalid(name, &v, "expected true or false")),
-            },
-        }
+        set(name)
+            .map(|v| boolean(&v).ok_or_else(|| invalid(name, &v, "expected true or false")))
+            .transpose()
     };
     let flag = |t: &mut Translation, sluice_env: &str, flag: &str, value: Option<String>| {
         // A SLUICE_* variable of the same setting wins: then clap reads that one.
@@ -112,8 +107,9 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
         }
     };
 
-    // Refused first: sluice cannot do what these ask.
-    for (var, refused_value, why) in [
+    // Refused first: sluice cannot do what these ask. A value names the one refused; None
+    // refuses anything but false (a switch, or a certificate path).
+    for (var, refused, why) in [
         (
             "CONFIG_TYPE",
             Some("GRPC_XDS_SOTW"),
@@ -139,33 +135,35 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             Some("true"),
             "one Redis serves every unit",
         ),
-    ] {
-        if let Some(v) = set(var)
-            && refused_value.is_some_and(|r| v.eq_ignore_ascii_case(r))
-        {
-            return Err(unsupported(var, &v, why));
-        }
-    }
-    for (var, why) in [
         (
             "GRPC_SERVER_USE_TLS",
+            None,
             "TLS on the gRPC listener is not supported yet",
         ),
         (
             "USE_STATSD",
+            None,
             "statsd is not supported: metrics are Prometheus",
         ),
         (
             "USE_DOG_STATSD",
+            None,
             "statsd is not supported: metrics are Prometheus",
         ),
         (
             "REDIS_TLS_CLIENT_CERT",
+            None,
             "Redis client certificates are not supported yet",
         ),
     ] {
-        if truthy_or_set(var, &set)? {
-            return Err(unsupported(var, &set(var).unwrap_or_default(), why));
+        if let Some(v) = set(var) {
+            let asked = match refused {
+                Some(r) => v.eq_ignore_ascii_case(r),
+                None => boolean(&v) != Some(false),
+            };
+            if asked {
+                return Err(unsupported(var, &v, why));
+            }
         }
     }
 
@@ -348,12 +346,13 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     Ok(t)
 }
 
-/// True when a switch-like variable is set to anything but false (a certificate path counts).
-fn truthy_or_set(
-    var: &str,
-    set: &impl Fn(&str) -> Option<String>,
-) -> Result<bool, ReferenceEnvError> {
-    Ok(set(var).is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "f")))
+/// A Go boolean as the reference's settings parse it (`true`, `1`, `t`, any case).
+fn boolean(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "t" => Some(true),
+        "false" | "0" | "f" => Some(false),
+        _ => None,
+    }
 }
 
 /// A Go duration of one unit (`500ms`, `10s`, `2m`, `1h`) as sluice writes it.

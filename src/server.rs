@@ -259,14 +259,14 @@ impl<S: Store> Running<S> {
     /// The start of a rollout's goodbye: gRPC health, `/healthcheck` and `/readyz` say this node
     /// is going, so Envoy's health checks and Kubernetes move traffic away, while every call that
     /// still arrives is answered as before.
-    pub async fn drain(&self) {
+    pub fn drain(&self) {
         self.serving.store(false, Ordering::Release);
         self.health.set(ServingStatus::NotServing);
     }
 
     /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then this returns.
     pub async fn stop(self) -> anyhow::Result<()> {
-        self.drain().await;
+        self.drain();
         // Open health watches end, so the graceful shutdown does not wait on them.
         self.health.close();
         let _ = self.stop.send(true);

@@ -134,7 +134,9 @@ impl<S: Store> Engine<S> {
         let mut planned = plan(request, &resolved, &mut keys, false, global_quota);
         let checks = merge_repeats(&mut planned, &keys);
         let mut outcome = self.store.apply(&checks).await?;
-        if outcome.allowed && quota_tally(&resolved, &planned, &outcome, global_quota).all_over() {
+        // Counted once: giving back changes only allowed verdicts, and the tally reads denied ones.
+        let quota = quota_tally(&resolved, &planned, &outcome, global_quota);
+        if outcome.allowed && quota.all_over() {
             // Every quota descriptor is over, so the request is denied, but the store (which
             // applies quota checks as shadow checks) consumed what fitted: give it back.
             self.give_back(&checks, &mut outcome).await;
@@ -144,7 +146,8 @@ impl<S: Store> Engine<S> {
             &resolved,
             &planned,
             &outcome,
-            &self.settings,
+            &quota,
+            self.settings.global_shadow,
         ))
     }
 }
@@ -156,11 +159,7 @@ impl<S: Store> Engine<S> {
     async fn give_back(&self, checks: &[Check<'_>], outcome: &mut Outcome) {
         let consumed: Vec<usize> = (0..checks.len())
             .filter(|&i| {
-                let c = &checks[i];
-                c.kind != CheckKind::Refund
-                    && c.hits > 0
-                    && outcome.verdicts[i].allowed
-                    && !crate::limiter::charges_always(c.limit, c.hits)
+                !checks[i].always_applied() && checks[i].hits > 0 && outcome.verdicts[i].allowed
             })
             .collect();
         let refunds: Vec<Check<'_>> = consumed
@@ -176,8 +175,7 @@ impl<S: Store> Engine<S> {
             tracing::warn!(error = %e, "could not give back the hits of a request every quota descriptor denied");
         }
         for i in consumed {
-            let v = &mut outcome.verdicts[i];
-            v.remaining = v.remaining.saturating_add(checks[i].hits);
+            outcome.verdicts[i] = outcome.verdicts[i].unconsumed(checks[i].hits);
         }
         outcome.allowed = false;
     }
@@ -597,7 +595,8 @@ fn report(
     resolved: &[Resolved<'_>],
     planned: &[Planned<'_>],
     outcome: &Outcome,
-    settings: &EngineSettings,
+    quota: &QuotaTally,
+    global_shadow: bool,
 ) -> Decision {
     let mut chosen: Vec<Option<(&Planned<'_>, Verdict)>> = vec![None; resolved.len()];
     for p in planned {
@@ -653,12 +652,11 @@ fn report(
         })
         .collect();
     // Quota descriptors deny together: the request waits for the first of them to allow.
-    let quota = quota_tally(resolved, planned, outcome, settings.global_quota);
     if quota.all_over() {
         let soonest = quota.soonest_retry_us.unwrap_or(0);
         retry_after_us = Some(retry_after_us.unwrap_or(0).max(soonest));
     }
-    let over = !outcome.allowed && !settings.global_shadow;
+    let over = !outcome.allowed && !global_shadow;
     Decision {
         code: if over { Code::OverLimit } else { Code::Ok },
         statuses,

@@ -28,11 +28,20 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 2}
 "#;
 
-fn engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
-    let clock = Arc::new(ManualClock::new(1_000_000 * S));
-    let rules = load_texts([("api.yaml", RULES)]).unwrap();
+/// An engine on the rules `files` and a memory store, its clock at `start_s` seconds.
+fn engine_on(
+    files: &[(&str, &str)],
+    start_s: u64,
+    settings: EngineSettings,
+) -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    let clock = Arc::new(ManualClock::new(start_s * S));
+    let rules = load_texts(files.iter().copied()).unwrap();
     let store = MemoryStore::new(clock.clone(), 1_000);
     (clock, Engine::new(rules, store, settings))
+}
+
+fn engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
+    engine_on(&[("api.yaml", RULES)], 1_000_000, settings)
 }
 
 fn desc(entries: &[(&str, &str)], hits: u64) -> Descriptor {
@@ -371,10 +380,8 @@ default_plan: free
 "#;
 
 fn plans_engine(clients: &str) -> (Arc<ManualClock>, Engine<MemoryStore>) {
-    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let rules = load_texts([("p.yaml", PLANS), ("p-clients.yaml", clients)]).unwrap();
-    let store = MemoryStore::new(clock.clone(), 1_000);
-    (clock, Engine::new(rules, store, EngineSettings::default()))
+    let files = [("p.yaml", PLANS), ("p-clients.yaml", clients)];
+    engine_on(&files, 1_800_000_000, EngineSettings::default())
 }
 
 async fn plan_call(e: &Engine<MemoryStore>, entries: &[(&str, &str)]) -> Decision {
@@ -500,10 +507,7 @@ descriptors:
 "#;
 
 fn quota_engine(settings: EngineSettings) -> (Arc<ManualClock>, Engine<MemoryStore>) {
-    let clock = Arc::new(ManualClock::new(1_000_000 * S));
-    let rules = load_texts([("api.yaml", QUOTA_RULES)]).unwrap();
-    let store = MemoryStore::new(clock.clone(), 1_000);
-    (clock, Engine::new(rules, store, settings))
+    engine_on(&[("api.yaml", QUOTA_RULES)], 1_000_000, settings)
 }
 
 fn codes(d: &Decision) -> Vec<Code> {
@@ -607,10 +611,12 @@ descriptors:
 "#;
 
 fn cost_engine() -> (Arc<ManualClock>, Engine<MemoryStore>) {
-    let clock = Arc::new(ManualClock::new(1_000_000 * 60 * S));
-    let rules = load_texts([("api.yaml", COST_RULES)]).unwrap();
-    let store = MemoryStore::new(clock.clone(), 1_000);
-    (clock, Engine::new(rules, store, EngineSettings::default()))
+    // On a minute's edge: the fixed window's whole minute is ahead.
+    engine_on(
+        &[("api.yaml", COST_RULES)],
+        60_000_000,
+        EngineSettings::default(),
+    )
 }
 
 #[tokio::test]

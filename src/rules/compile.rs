@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::parse::{RawDescriptor, RawLimit, RawPlan, parse};
 use super::{
-    Domain, KeyBranch, Level, MetricLevel, MetricMatch, Node, Pattern, Plan, PlanRef, PlanSource,
+    Domain, KeyBranch, Level, MetricLevel, MetricMatch, Node, Place, Plan, PlanRef, PlanSource,
     Rule, RuleError, Tier, Unit,
 };
 use crate::limiter::{Algorithm, Limit};
@@ -118,41 +118,22 @@ pub(super) fn merge_domain(into: &mut Domain, more: Domain, errors: &mut Vec<Rul
     let domain = into.name.clone();
     for (key, branch) in more.root.keys {
         let target = into.root.keys.entry(key.clone()).or_default();
-        for (value, node) in branch.exact {
-            match target.exact.entry(value) {
-                std::collections::hash_map::Entry::Occupied(e) => error(
-                    "descriptors",
-                    format!(
-                        "duplicate descriptor composite key '{domain}.{key}_{}'",
-                        e.key()
-                    ),
-                ),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(node);
-                }
-            }
-        }
-        for (pattern, node) in branch.wildcards {
-            if target.wildcards.iter().any(|(p, _)| *p == pattern) {
+        let places = (branch.exact.into_iter())
+            .map(|(v, n)| (Place::Exact(v), n))
+            .chain(
+                branch
+                    .wildcards
+                    .into_iter()
+                    .map(|(p, n)| (Place::Pattern(p), n)),
+            )
+            .chain(branch.any.map(|n| (Place::Any, *n)));
+        for (place, node) in places {
+            let composite = place.composite(&key);
+            if !target.add(place, node) {
                 error(
                     "descriptors",
-                    format!(
-                        "duplicate descriptor composite key '{domain}.{key}_{}'",
-                        pattern.as_str()
-                    ),
+                    format!("duplicate descriptor composite key '{domain}.{composite}'"),
                 );
-            } else {
-                target.wildcards.push((pattern, node));
-            }
-        }
-        if let Some(node) = branch.any {
-            if target.any.is_some() {
-                error(
-                    "descriptors",
-                    format!("duplicate descriptor composite key '{domain}.{key}'"),
-                );
-            } else {
-                target.any = Some(node);
             }
         }
     }
@@ -351,44 +332,32 @@ impl Compiler<'_> {
                 self.error(&here, "descriptor has empty key".into());
                 continue;
             }
-            let kv = match raw.value.as_deref() {
-                Some(v) => format!("{key}_{v}"),
-                None => key.to_owned(),
-            };
+            let place = Place::of(raw.value.as_deref());
+            let kv = place.composite(key);
             let composite = format!("{parent}.{kv}");
             let path = if parent_path.is_empty() {
                 kv.clone()
             } else {
                 format!("{parent_path}.{kv}")
             };
-            let matched = match raw.value.as_deref() {
-                None => MetricMatch::KeyOnly,
-                Some(v) if v.contains('*') => MetricMatch::Pattern {
-                    pattern: v.to_owned(),
+            let matched = match &place {
+                Place::Any => MetricMatch::KeyOnly,
+                Place::Pattern(p) => MetricMatch::Pattern {
+                    pattern: p.as_str().to_owned(),
                     share: raw.share_threshold,
                 },
-                Some(_) => MetricMatch::Exact,
+                Place::Exact(_) => MetricMatch::Exact,
             };
             self.metric_path.push(MetricLevel {
                 key: key.to_owned(),
                 matched,
                 value_to_metric: raw.value_to_metric,
             });
-            let node = self.node(raw, &here, &composite, &path, &kv);
+            let is_pattern = matches!(place, Place::Pattern(_));
+            let node = self.node(raw, &here, &composite, &path, &kv, is_pattern);
             self.metric_path.pop();
             let branch: &mut KeyBranch = level.keys.entry(key.to_owned()).or_default();
-            let duplicate = match raw.value.as_deref() {
-                None => branch.any.replace(Box::new(node)).is_some(),
-                Some(value) => match Pattern::new(value) {
-                    Some(pattern) => {
-                        let dup = branch.wildcards.iter().any(|(p, _)| *p == pattern);
-                        branch.wildcards.push((pattern, node));
-                        dup
-                    }
-                    None => branch.exact.insert(value.to_owned(), node).is_some(),
-                },
-            };
-            if duplicate {
+            if !branch.add(place, node) {
                 self.error(
                     &here,
                     format!("duplicate descriptor composite key '{composite}'"),
@@ -405,8 +374,8 @@ impl Compiler<'_> {
         composite: &str,
         path: &str,
         kv: &str,
+        is_pattern: bool,
     ) -> Node {
-        let is_pattern = raw.value.as_deref().is_some_and(|v| v.contains('*'));
         if raw.share_threshold && !is_pattern {
             self.error(
                 here,

@@ -137,6 +137,58 @@ struct KeyBranch {
     any: Option<Box<Node>>,
 }
 
+/// Where a node sits under its key: an exact value, a wildcard pattern, or the key alone.
+#[derive(Debug)]
+enum Place {
+    Exact(String),
+    Pattern(Pattern),
+    Any,
+}
+
+impl Place {
+    fn of(value: Option<&str>) -> Self {
+        match value {
+            None => Place::Any,
+            Some(v) => Pattern::new(v).map_or_else(|| Place::Exact(v.to_owned()), Place::Pattern),
+        }
+    }
+
+    /// The reference's composite key part: `key_value`, `key_pattern` or `key`.
+    fn composite(&self, key: &str) -> String {
+        match self {
+            Place::Exact(v) => format!("{key}_{v}"),
+            Place::Pattern(p) => format!("{key}_{}", p.as_str()),
+            Place::Any => key.to_owned(),
+        }
+    }
+}
+
+impl KeyBranch {
+    /// Puts `node` at `place`; false (and `node` dropped) when the place is taken: a
+    /// duplicate descriptor, which the caller reports.
+    fn add(&mut self, place: Place, node: Node) -> bool {
+        match place {
+            Place::Any if self.any.is_some() => false,
+            Place::Any => {
+                self.any = Some(Box::new(node));
+                true
+            }
+            Place::Pattern(p) if self.wildcards.iter().any(|(q, _)| *q == p) => false,
+            Place::Pattern(p) => {
+                self.wildcards.push((p, node));
+                true
+            }
+            Place::Exact(v) => match self.exact.entry(v) {
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(node);
+                    true
+                }
+            },
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Node {
     rule: Option<Rule>,

@@ -405,6 +405,17 @@ fn same_counter<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = u
     (0..checks.len()).filter(move |&j| j != i && checks[j].key == key && checks[j].limit == limit)
 }
 
+/// The request's refunds of check `i`'s counter.
+fn refunds_of<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
+    same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund)
+}
+
+/// The hits the request itself gives back to check `i`'s counter (as sent by the caller, before
+/// any lease was absorbed into them).
+fn own_refunds(original: &[Check<'_>], i: usize) -> u64 {
+    refunds_of(original, i).fold(0u64, |sum, r| sum.saturating_add(original[r].hits))
+}
+
 impl<S: Store> Leases<S> {
     pub fn new(inner: S, table: LeaseTable) -> Self {
         Self { inner, table }
@@ -455,12 +466,11 @@ impl<S: Store> Leases<S> {
         for &(i, k) in &given_back {
             if sent[k].limit == checks[i].limit {
                 let final_remaining = outcome.verdicts[k].remaining;
-                let mut own_refunds = 0u64;
-                for r in same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund) {
-                    own_refunds = own_refunds.saturating_add(checks[r].hits);
+                for r in refunds_of(checks, i) {
                     outcome.verdicts[r].remaining = final_remaining;
                 }
-                outcome.verdicts[i].remaining = final_remaining.saturating_add(own_refunds);
+                outcome.verdicts[i].remaining =
+                    final_remaining.saturating_add(own_refunds(original, i));
             }
         }
         let asked = asks.iter().any(|a| a.extra > 0);
@@ -495,13 +505,10 @@ impl<S: Store> Leases<S> {
         // and the old leases') and every cost limit's charge was applied by the first call: now
         // they only look, and a charge reports what the first call decided.
         let first = outcome;
-        let applied = |c: &Check<'_>| {
-            c.kind == CheckKind::Refund || crate::limiter::charges_always(c.limit, c.hits)
-        };
         let alone: Vec<Check<'_>> = checks
             .iter()
             .map(|c| {
-                if applied(c) {
+                if c.always_applied() {
                     Check { hits: 0, ..*c }
                 } else {
                     *c
@@ -514,16 +521,15 @@ impl<S: Store> Leases<S> {
             if c.kind == CheckKind::Refund {
                 continue;
             }
-            if applied(c) {
+            if c.always_applied() {
                 verdicts[i] = first.verdicts[i];
                 continue;
             }
             // This call saw the request's own refunds of the counter already applied; a batch
             // reports its checks before its refunds.
-            let own_refunds = same_counter(original, i)
-                .filter(|&r| original[r].kind == CheckKind::Refund)
-                .fold(0u64, |sum, r| sum.saturating_add(original[r].hits));
-            verdicts[i].remaining = verdicts[i].remaining.saturating_sub(own_refunds);
+            verdicts[i].remaining = verdicts[i]
+                .remaining
+                .saturating_sub(own_refunds(original, i));
         }
         Ok(Outcome {
             verdicts,

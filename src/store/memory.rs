@@ -93,8 +93,10 @@ const RECLAIM_BUDGET: usize = 64;
 struct Slot {
     hash: u64,
     shard: usize,
-    /// What the check changes if the batch commits.
+    /// What the check changes if the batch commits (or whatever it decides, when `always`).
     update: Option<Update>,
+    /// [`Check::always_applied`]: a cost limit's charge is committed by a denied batch too.
+    always: bool,
 }
 
 /// SipHash (std's keyed, HashDoS-resistant hasher) computed once per key: bits 32.. pick the
@@ -223,6 +225,7 @@ impl MemoryStore {
                     hash,
                     shard: shard_index(hash),
                     update: None,
+                    always: c.always_applied(),
                 }
             })
             .collect();
@@ -251,11 +254,11 @@ impl MemoryStore {
             // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
             // update says: a probe must not take room.
             let looks_at_nothing = committed.is_none() && c.hits == 0;
-            let charge = limiter::charges_always(c.limit, c.hits);
-            if (verdict.allowed || charge) && !looks_at_nothing {
+            let always = slots[i].always;
+            if (verdict.allowed || always) && !looks_at_nothing {
                 if committed.is_none() && update != Update::Keep {
                     new_keys += 1;
-                    new_charge_keys += usize::from(charge);
+                    new_charge_keys += usize::from(always);
                 }
                 slots[i].update = Some(update);
             }
@@ -274,7 +277,7 @@ impl MemoryStore {
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter_mut().zip(&mut verdicts)) {
             if let Some(update) = slot.update.take() {
                 // A cost limit's charge was spent already: recorded whatever the batch does.
-                if allowed || limiter::charges_always(c.limit, c.hits) {
+                if allowed || slot.always {
                     self.commit(&mut guards[guard_of(slot.shard)], c, slot.hash, update);
                 } else {
                     *verdict = verdict.unconsumed(c.hits);

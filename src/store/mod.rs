@@ -107,6 +107,13 @@ pub struct Check<'a> {
 }
 
 impl<'a> Check<'a> {
+    /// Applied whatever the batch decides, never undone: a refund (it returns hits an earlier
+    /// request consumed) or a cost limit's charge (the cost was spent already). Every other
+    /// check consumes only with its batch, and a rollback gives back what it consumed.
+    pub fn always_applied(&self) -> bool {
+        self.kind == CheckKind::Refund || crate::limiter::charges_always(self.limit, self.hits)
+    }
+
     /// An enforced check of `hits` on `key` (the key is its own slot tag), with the rule's
     /// defaults: no failure mode, no mode.
     pub fn enforce(key: &'a [u8], limit: &'a Limit, hits: u64) -> Self {

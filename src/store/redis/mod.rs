@@ -457,13 +457,8 @@ impl Store for RedisStore {
                 let consumed: Vec<usize> = members
                     .iter()
                     .copied()
-                    .filter(|&i| {
-                        let c = &checks[i];
-                        // A cost limit's charge stands whatever the batch does.
-                        c.kind != CheckKind::Refund
-                            && verdicts[i].allowed
-                            && !crate::limiter::charges_always(c.limit, c.hits)
-                    })
+                    // A refund or a cost limit's charge stands whatever the batch does.
+                    .filter(|&i| !checks[i].always_applied() && verdicts[i].allowed)
                     .collect();
                 if consumed.is_empty() {
                     continue;
