@@ -115,12 +115,21 @@ static_resources:
     )
 }
 
-struct Envoy(std::process::Child);
+/// A real Envoy in front of a test server, in a directory of its own. Dropped, it stops and the
+/// directory goes.
+struct Envoy {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    /// The listener clients call.
+    front: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+}
 
 impl Drop for Envoy {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -139,11 +148,17 @@ fn status(response: &str) -> u16 {
 }
 
 /// Validates `config`, starts Envoy on it and waits (bounded) until its admin says it is ready.
-async fn run_envoy(config: &std::path::Path, admin: u16) -> (Envoy, std::net::SocketAddr) {
+/// Envoy with `routes` in front of `server`: validated, started, and ready (bounded wait).
+async fn run_envoy(server: &TestServer, routes: &str, name: &str) -> Envoy {
+    let rls = server.running.grpc_addr.port();
+    let (front, backend, admin) = (free_port(), free_port(), free_port());
+    let dir = temp_dir(name);
+    let config = dir.join("envoy.yaml");
+    std::fs::write(&config, bootstrap(front, backend, admin, rls, routes)).unwrap();
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
     let validate = std::process::Command::new(&envoy_bin)
         .args(["--mode", "validate", "-c"])
-        .arg(config)
+        .arg(&config)
         .output()
         .expect("envoy runs");
     assert!(
@@ -152,55 +167,47 @@ async fn run_envoy(config: &std::path::Path, admin: u16) -> (Envoy, std::net::So
         String::from_utf8_lossy(&validate.stderr)
     );
 
-    let envoy = Envoy(
-        std::process::Command::new(&envoy_bin)
-            .arg("-c")
-            .arg(config)
-            .args([
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-                "--concurrency",
-                "1",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("envoy starts"),
-    );
+    let child = std::process::Command::new(&envoy_bin)
+        .arg("-c")
+        .arg(&config)
+        .args([
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+            "--concurrency",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("envoy starts");
+    // Owned at once, so a failed wait below still stops it.
+    let envoy = Envoy {
+        child,
+        dir,
+        front: format!("127.0.0.1:{front}").parse().unwrap(),
+        admin: format!("127.0.0.1:{admin}").parse().unwrap(),
+    };
     // Envoy is a separate process: wait (bounded) until its admin says it is ready.
-    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if tokio::net::TcpStream::connect(admin_addr).await.is_ok()
-            && http_get(admin_addr, "/ready").await.0 == 200
+        if tokio::net::TcpStream::connect(envoy.admin).await.is_ok()
+            && http_get(envoy.admin, "/ready").await.0 == 200
         {
             break;
         }
         assert!(Instant::now() < deadline, "envoy did not become ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-
-    (envoy, admin_addr)
+    envoy
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_enforces_sluice_decisions() {
     // sluice renders retry-after; Envoy renders the x-ratelimit-* headers from the statuses.
     let server = start(RULES, "retry-after", EngineSettings::default()).await;
-    let rls = server.running.grpc_addr.port();
-    let (front, backend, admin) = (free_port(), free_port(), free_port());
-    let dir = temp_dir("envoy");
-    let config = dir.join("envoy.yaml");
-    std::fs::write(
-        &config,
-        bootstrap(front, backend, admin, rls, HEADER_ROUTES),
-    )
-    .unwrap();
-
-    let (_envoy, admin_addr) = run_envoy(&config, admin).await;
-
-    let front_addr = format!("127.0.0.1:{front}").parse().unwrap();
+    let envoy = run_envoy(&server, HEADER_ROUTES, "envoy").await;
+    let (front_addr, admin_addr) = (envoy.front, envoy.admin);
     for i in 0..3 {
         let r = http_get_raw(front_addr, "/p", &[("x-api-key", "k1")]).await;
         assert_eq!(status(&r), 200, "request {i}: {r}");
@@ -236,7 +243,6 @@ async fn envoy_enforces_sluice_decisions() {
     assert!(stats.contains("cluster.backend.ratelimit.ok: 4"), "{stats}");
 
     server.running.stop().await.unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 const TOKEN_RULES: &str = r#"
@@ -265,13 +271,8 @@ const TOKEN_ROUTES: &str = r#"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_debits_llm_tokens_after_the_response() {
     let server = start(TOKEN_RULES, "none", EngineSettings::default()).await;
-    let rls = server.running.grpc_addr.port();
-    let (front, backend, admin) = (free_port(), free_port(), free_port());
-    let dir = temp_dir("envoy-tokens");
-    let config = dir.join("envoy.yaml");
-    std::fs::write(&config, bootstrap(front, backend, admin, rls, TOKEN_ROUTES)).unwrap();
-    let (_envoy, _) = run_envoy(&config, admin).await;
-    let front_addr = format!("127.0.0.1:{front}").parse().unwrap();
+    let envoy = run_envoy(&server, TOKEN_ROUTES, "envoy-tokens").await;
+    let front_addr = envoy.front;
     let mut client = server.client().await;
     // What the budget has left, asked directly (a 0-hit check consumes nothing).
     let mut left = async || {
@@ -302,5 +303,4 @@ async fn envoy_debits_llm_tokens_after_the_response() {
     assert_eq!(status(&r), 200, "{r}");
 
     server.running.stop().await.unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }

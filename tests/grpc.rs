@@ -205,12 +205,7 @@ async fn global_shadow_mode_answers_ok() {
 #[tokio::test]
 async fn health_serves_every_name_and_flips_on_stop() {
     let server = start(RULES, "none", EngineSettings::default()).await;
-    let channel =
-        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
     // "ratelimit": the name the reference service registers.
     for service in [
@@ -373,12 +368,7 @@ async fn quota_mode_routes_by_dynamic_metadata_until_every_pool_is_spent() {
 #[tokio::test]
 async fn health_watch_follows_the_grpc_health_spec() {
     let server = start(RULES, "none", EngineSettings::default()).await;
-    let channel =
-        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = server.channel().await;
     let mut health = HealthClient::new(channel);
     let watch = |service: &str| HealthCheckRequest {
         service: service.into(),
@@ -418,12 +408,7 @@ async fn reflection_lists_and_describes_the_services() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let server = start(RULES, "none", EngineSettings::default()).await;
-    let channel =
-        tonic::transport::Channel::from_shared(format!("http://{}", server.running.grpc_addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = server.channel().await;
     let mut client = ServerReflectionClient::new(channel);
     let ask = |m: MessageRequest| ServerReflectionRequest {
         host: String::new(),

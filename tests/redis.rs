@@ -269,13 +269,15 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
     );
 }
 
+/// How many seeds a differential test runs: `DIFF_SEEDS=N` for a longer search than CI's.
+fn diff_seeds(ci: u64) -> u64 {
+    std::env::var("DIFF_SEEDS").map_or(ci, |n| n.parse().expect("DIFF_SEEDS is a number"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_decides_exactly_as_memory() {
     let redis = RedisServer::start();
-    // DIFF_SEEDS=N runs seeds 1..=N (a longer search than CI's three).
-    let seeds: u64 =
-        std::env::var("DIFF_SEEDS").map_or(3, |n| n.parse().expect("DIFF_SEEDS is a number"));
-    for seed in 1..=seeds {
+    for seed in 1..=diff_seeds(3) {
         redis.cli(&["FLUSHALL"]);
         differential(Topology::Standalone(redis.url()), seed, 400).await;
     }
@@ -294,9 +296,7 @@ async fn redis_decides_exactly_as_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_decides_exactly_as_memory() {
     let cluster = RedisCluster::start();
-    let seeds: u64 =
-        std::env::var("DIFF_SEEDS").map_or(1, |n| n.parse().expect("DIFF_SEEDS is a number"));
-    for seed in 7..7 + seeds {
+    for seed in 7..7 + diff_seeds(1) {
         for node in &cluster.nodes {
             node.cli(&["FLUSHALL"]);
         }

@@ -44,7 +44,14 @@ pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> Test
 
 impl TestServer {
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.running.grpc_addr))
+        RateLimitServiceClient::new(self.channel().await)
+    }
+
+    /// A channel to the gRPC listener, for the other services on it (health, reflection).
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.running.grpc_addr))
+            .expect("a valid address")
+            .connect()
             .await
             .expect("connects")
     }
