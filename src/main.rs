@@ -225,6 +225,26 @@ struct ServeArgs {
     /// Longest key or value of an entry, in bytes.
     #[arg(long, env = "SLUICE_MAX_ENTRY_BYTES", default_value_t = 1024)]
     max_entry_bytes: usize,
+    /// Serve gRPC over TLS with this PEM certificate chain (with --grpc-tls-key). The files are
+    /// read again every --grpc-tls-reload-every: a rotated certificate serves new connections.
+    #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --grpc-tls-cert.
+    #[arg(long, env = "SLUICE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// Mutual TLS: require a client certificate that chains to this PEM CA.
+    #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// Mutual TLS: the client certificate must also name this DNS name or IP address.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    grpc_tls_client_san: Option<String>,
+    /// How often the TLS files are read again.
+    #[arg(long, env = "SLUICE_GRPC_TLS_RELOAD_EVERY", default_value = "10s", value_parser = parse_duration)]
+    grpc_tls_reload_every: Duration,
 }
 
 /// The command line, with the reference service's environment read in when sluice runs in its
@@ -444,6 +464,18 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
             max_entry_bytes: args.max_entry_bytes,
         },
     };
+    let grpc_tls = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(sluice::tls::ServerTls::load(
+            sluice::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.grpc_tls_client_ca.clone(),
+                client_san: args.grpc_tls_client_san.clone(),
+                reload_every: args.grpc_tls_reload_every,
+            },
+        )?)),
+        _ => None,
+    };
     let metrics = Arc::new(Metrics::new(args.near_limit_ratio, args.metrics_max_series));
     let options = Options {
         grpc_addr: args.grpc_addr,
@@ -454,6 +486,7 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
         metrics: Some(metrics.clone()),
         json: args.json_endpoint,
         dynamic_metadata: args.response_dynamic_metadata,
+        grpc_tls,
     };
     let live = Live {
         config: args.config.clone(),

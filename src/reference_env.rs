@@ -136,11 +136,6 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             "one Redis serves every unit",
         ),
         (
-            "GRPC_SERVER_USE_TLS",
-            None,
-            "TLS on the gRPC listener is not supported yet",
-        ),
-        (
             "USE_STATSD",
             None,
             "statsd is not supported: metrics are Prometheus",
@@ -180,6 +175,62 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     if set("HOST").is_some() || set("PORT").is_some() {
         let a = addr("HOST", "PORT", "8080");
         flag(&mut t, "SLUICE_HTTP_ADDR", "--http-addr", Some(a));
+    }
+
+    // TLS on the gRPC listener. The reference reads the client CA from GRPC_CLIENT_TLS_CACERT;
+    // Envoy Gateway sets GRPC_SERVER_TLS_CA_CERT, meaning the same (client certificates
+    // verified), so either names it.
+    if truthy("GRPC_SERVER_USE_TLS")? == Some(true) {
+        for (var, sluice_env, f) in [
+            (
+                "GRPC_SERVER_TLS_CERT",
+                "SLUICE_GRPC_TLS_CERT",
+                "--grpc-tls-cert",
+            ),
+            (
+                "GRPC_SERVER_TLS_KEY",
+                "SLUICE_GRPC_TLS_KEY",
+                "--grpc-tls-key",
+            ),
+        ] {
+            let path = set(var).ok_or_else(|| {
+                invalid(
+                    "GRPC_SERVER_USE_TLS",
+                    "true",
+                    "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+                )
+            })?;
+            flag(&mut t, sluice_env, f, Some(path));
+        }
+        let ca = match (
+            set("GRPC_CLIENT_TLS_CACERT"),
+            set("GRPC_SERVER_TLS_CA_CERT"),
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(invalid(
+                    "GRPC_SERVER_TLS_CA_CERT",
+                    &b,
+                    "GRPC_CLIENT_TLS_CACERT names another client CA: set one",
+                ));
+            }
+            (a, b) => a.or(b),
+        };
+        if let Some(ca) = ca {
+            flag(
+                &mut t,
+                "SLUICE_GRPC_TLS_CLIENT_CA",
+                "--grpc-tls-client-ca",
+                Some(ca),
+            );
+            if let Some(san) = set("GRPC_CLIENT_TLS_SAN") {
+                flag(
+                    &mut t,
+                    "SLUICE_GRPC_TLS_CLIENT_SAN",
+                    "--grpc-tls-client-san",
+                    Some(san),
+                );
+            }
+        }
     }
 
     // Rules: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (default `config`).
@@ -473,7 +524,6 @@ mod tests {
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_SOCKET_TYPE", "unix"),
             ("REDIS_TYPE", "sentinel"),
-            ("GRPC_SERVER_USE_TLS", "true"),
             ("USE_STATSD", "true"),
         ] {
             let e = run(&[(var, value)]).unwrap_err();
@@ -490,6 +540,70 @@ mod tests {
             run(&[("REDIS_TIMEOUT", "1.5s")]),
             Err(ReferenceEnvError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn envoy_gateway_tls_becomes_mutual_tls_flags() {
+        let t = run(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--grpc-tls-cert",
+                "/certs/tls.crt",
+                "--grpc-tls-key",
+                "/certs/tls.key",
+                "--grpc-tls-client-ca",
+                "/certs/ca.crt"
+            ]
+        );
+        // The reference's own name, with a SAN; TLS off means the paths are not read.
+        let t = run(&[
+            ("GRPC_SERVER_USE_TLS", "1"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_CACERT", "ca"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.internal"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags[4..],
+            [
+                "--grpc-tls-client-ca",
+                "ca",
+                "--grpc-tls-client-san",
+                "envoy.internal"
+            ]
+        );
+        let t = run(&[
+            ("GRPC_SERVER_USE_TLS", "false"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+        ])
+        .unwrap();
+        assert!(t.flags.is_empty(), "{t:?}");
+        for vars in [
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+            ][..],
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+                ("GRPC_SERVER_TLS_KEY", "k"),
+                ("GRPC_CLIENT_TLS_CACERT", "a"),
+                ("GRPC_SERVER_TLS_CA_CERT", "b"),
+            ],
+        ] {
+            assert!(
+                matches!(run(vars), Err(ReferenceEnvError::Invalid { .. })),
+                "{vars:?}"
+            );
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::proto::{RateLimitServiceServer, SERVICE_NAME};
 use crate::rules::reload::Reloader;
 use crate::service::{HeaderSet, RateLimitGrpc};
 use crate::store::Store;
+use crate::tls::{Reload, ServerTls};
 
 pub use crate::service::health::HEALTH_NAMES;
 use crate::service::health::HealthStatus;
@@ -38,6 +39,8 @@ pub struct Options {
     pub json: bool,
     /// Answers carry `dynamic_metadata` (`--response-dynamic-metadata`).
     pub dynamic_metadata: bool,
+    /// TLS (and mutual TLS) on the gRPC listener; None serves plaintext HTTP/2.
+    pub grpc_tls: Option<Arc<ServerTls>>,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
@@ -75,15 +78,38 @@ pub async fn start<S: Store>(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let grpc = tonic::transport::Server::builder().serve_with_incoming_shutdown(
-        Dispatch {
-            rls: RateLimitServiceServer::from_arc(service.clone()),
-            health: health_service,
-            reflection: reflection()?,
-        },
-        TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-        signal(stopped.clone()),
-    );
+    let dispatch = Dispatch {
+        rls: RateLimitServiceServer::from_arc(service.clone()),
+        health: health_service,
+        reflection: reflection()?,
+    };
+    let mut tasks = Vec::new();
+    let grpc = match options.grpc_tls.clone() {
+        None => tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming_shutdown(
+                    dispatch,
+                    TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                    signal(stopped.clone()),
+                )
+                .map_err_into(),
+        ),
+        Some(tls) => {
+            tasks.push(tokio::spawn(reload_certificates(
+                tls.clone(),
+                stopped.clone(),
+            )));
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .serve_with_incoming_shutdown(
+                        dispatch,
+                        tls_incoming(grpc_listener, tls, stopped.clone()),
+                        signal(stopped.clone()),
+                    )
+                    .map_err_into(),
+            )
+        }
+    };
     let http = axum::serve(
         http_listener,
         crate::admin::router(
@@ -142,12 +168,12 @@ pub async fn start<S: Store>(
         }
     };
 
-    let mut tasks = vec![
-        tokio::spawn(async move { grpc.await.context("gRPC server") }),
+    tasks.extend([
+        grpc,
         tokio::spawn(async move { http.await.context("HTTP server") }),
         tokio::spawn(housekeeping),
         tokio::spawn(health_watch),
-    ];
+    ]);
     // Leases that ran out go back to the shared store soon, not when their window ends.
     if let Some(every) = engine.store().flush_every() {
         let engine = engine.clone();
@@ -174,6 +200,87 @@ pub async fn start<S: Store>(
         serving,
         health,
     })
+}
+
+/// The gRPC server's result as the tasks' one type.
+trait MapErrInto {
+    fn map_err_into(self) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+impl<F> MapErrInto for F
+where
+    F: Future<Output = Result<(), tonic::transport::Error>> + Send,
+{
+    async fn map_err_into(self) -> anyhow::Result<()> {
+        self.await.context("gRPC server")
+    }
+}
+
+/// Accepted connections after their TLS handshake, for tonic. Each handshake runs in its own
+/// task, so a slow or silent client holds up no one else; one that fails is dropped here
+/// (logged at debug: a port scan or a client with the wrong CA is not the server's fault).
+fn tls_incoming(
+    listener: TcpListener,
+    tls: Arc<ServerTls>,
+    mut stopped: watch::Receiver<bool>,
+) -> impl futures_util::Stream<
+    Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+> {
+    let (ready, handshaken) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopped.wait_for(|stop| *stop) => return,
+            };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors, say: back off a little rather than spin.
+                    tracing::warn!(error = %e, "accepting a gRPC connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let (tls, ready) = (tls.clone(), ready.clone());
+            tokio::spawn(async move {
+                match tls.accept(tcp).await {
+                    Ok(stream) => {
+                        let _ = ready.send(Ok(stream)).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "a gRPC connection failed TLS"),
+                }
+            });
+        }
+    });
+    futures_util::stream::unfold(handshaken, |mut handshaken| async move {
+        handshaken.recv().await.map(|next| (next, handshaken))
+    })
+}
+
+/// Reads the certificate files again every `reload_every` (see [`crate::tls`]).
+async fn reload_certificates(
+    tls: Arc<ServerTls>,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(tls.reload_every().max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+        }
+        let tls = tls.clone();
+        match tokio::task::spawn_blocking(move || tls.reload()).await {
+            Ok(Reload::Unchanged) | Err(_) => {}
+            Ok(Reload::Replaced) => tracing::info!("gRPC TLS certificates reloaded"),
+            Ok(Reload::Failed(e)) => {
+                tracing::warn!(error = %e, "gRPC TLS certificates changed but do not load; the previous ones keep serving")
+            }
+        }
+    }
 }
 
 /// gRPC server reflection (v1) of the RLS and health services, for grpcurl and grpcui.

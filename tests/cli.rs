@@ -115,6 +115,27 @@ fn serve_refuses_bad_header_names_with_the_reason() {
     }
 }
 
+#[test]
+fn serve_refuses_unreadable_tls_files_with_the_path() {
+    let out = sluice()
+        .args(["serve", "--config", "config"])
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--grpc-tls-cert", "/nonexistent/tls.crt"])
+        .args(["--grpc-tls-key", "/nonexistent/tls.key"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reading /nonexistent/tls.crt"), "{err}");
+    // A certificate without its key is a usage error.
+    let out = sluice()
+        .args(["serve", "--grpc-tls-cert", "/nonexistent/tls.crt"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--grpc-tls-key"));
+}
+
 /// `sluice serve` on `config`, HTTP on `http`, gRPC anywhere, with `extra` flags.
 fn serve(config: &std::path::Path, http: u16, extra: &[&str]) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))

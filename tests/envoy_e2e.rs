@@ -40,7 +40,15 @@ const HEADER_ROUTES: &str = r#"
 
 /// Envoy in front of an upstream (an Envoy listener answering 200 with `x-tokens: 40`, as an
 /// LLM API reports the tokens a call used); `routes` are the front listener's routes.
-fn bootstrap(front: u16, backend: u16, admin: u16, rls: u16, routes: &str) -> String {
+/// `rls_transport` is the rls cluster's `transport_socket` block (empty: plaintext).
+fn bootstrap(
+    front: u16,
+    backend: u16,
+    admin: u16,
+    rls: u16,
+    routes: &str,
+    rls_transport: &str,
+) -> String {
     format!(
         r#"
 admin:
@@ -101,7 +109,7 @@ static_resources:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
+        explicit_http_config: {{http2_protocol_options: {{}}}}{rls_transport}
     load_assignment:
       cluster_name: rls
       endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
@@ -150,11 +158,24 @@ fn status(response: &str) -> u16 {
 /// Validates `config`, starts Envoy on it and waits (bounded) until its admin says it is ready.
 /// Envoy with `routes` in front of `server`: validated, started, and ready (bounded wait).
 async fn run_envoy(server: &TestServer, routes: &str, name: &str) -> Envoy {
+    run_envoy_with(server, routes, name, "").await
+}
+
+async fn run_envoy_with(
+    server: &TestServer,
+    routes: &str,
+    name: &str,
+    rls_transport: &str,
+) -> Envoy {
     let rls = server.running.grpc_addr.port();
     let (front, backend, admin) = (free_port(), free_port(), free_port());
     let dir = temp_dir(name);
     let config = dir.join("envoy.yaml");
-    std::fs::write(&config, bootstrap(front, backend, admin, rls, routes)).unwrap();
+    std::fs::write(
+        &config,
+        bootstrap(front, backend, admin, rls, routes, rls_transport),
+    )
+    .unwrap();
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
     let validate = std::process::Command::new(&envoy_bin)
         .args(["--mode", "validate", "-c"])
@@ -302,5 +323,58 @@ async fn envoy_debits_llm_tokens_after_the_response() {
     let r = http_get_raw(front_addr, "/v1/chat", &[("x-user", "bob")]).await;
     assert_eq!(status(&r), 200, "{r}");
 
+    server.running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_calls_sluice_over_mutual_tls() {
+    use common::pki::{Pki, Usage};
+    let pki = Pki::new("envoy-mtls");
+    pki.ca("ca")
+        .leaf("ca", "server", "DNS:localhost,IP:127.0.0.1", Usage::Server)
+        .leaf("ca", "envoy", "DNS:envoy.internal", Usage::Client);
+    let tls = sluice::tls::ServerTls::load(sluice::tls::TlsFiles {
+        cert: pki.crt("server"),
+        key: pki.key("server"),
+        client_ca: Some(pki.crt("ca")),
+        client_san: Some("envoy.internal".into()),
+        reload_every: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let server = start_with_tls(RULES, "none", EngineSettings::default(), Some(tls.into())).await;
+    // As Envoy Gateway wires it: the cluster presents a client certificate and checks the
+    // server's against the CA, over HTTP/2 negotiated by ALPN.
+    let transport = format!(
+        r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{filename: {crt}}}
+            private_key: {{filename: {key}}}
+          validation_context:
+            trusted_ca: {{filename: {ca}}}
+            match_typed_subject_alt_names: [{{san_type: DNS, matcher: {{exact: localhost}}}}]"#,
+        crt = pki.crt("envoy").display(),
+        key = pki.key("envoy").display(),
+        ca = pki.crt("ca").display(),
+    );
+    let envoy = run_envoy_with(&server, HEADER_ROUTES, "envoy-mtls-run", &transport).await;
+    // failure_mode_deny is false: had the TLS call failed, Envoy would let every request
+    // through, so the 429 shows the decision came from sluice over mTLS.
+    for i in 0..3 {
+        let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "tls")]).await;
+        assert_eq!(status(&r), 200, "request {i}: {r}");
+    }
+    let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "tls")]).await;
+    assert_eq!(status(&r), 429, "{r}");
+    let stats = http_get(envoy.admin, "/stats?filter=cluster.rls.ssl")
+        .await
+        .1;
+    assert!(stats.contains("cluster.rls.ssl.handshake: 1"), "{stats}");
     server.running.stop().await.unwrap();
 }

@@ -784,6 +784,7 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         metrics: None,
         json: false,
         dynamic_metadata: false,
+        grpc_tls: None,
     };
     let running = sluice::server::start(options, engine.clone())
         .await

@@ -53,6 +53,7 @@ async fn start_live(dir: &Path) -> Live {
         metrics: None,
         json: false,
         dynamic_metadata: false,
+        grpc_tls: None,
     };
     let running = server::start(options, engine).await.unwrap();
     Live {

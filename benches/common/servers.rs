@@ -29,6 +29,7 @@ pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
         metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
         json: false,
         dynamic_metadata: false,
+        grpc_tls: None,
     };
     let running = server::start(options, engine).await.unwrap();
     let addr = running.grpc_addr;

@@ -22,6 +22,16 @@ pub struct TestServer {
 }
 
 pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> TestServer {
+    start_with_tls(rules, headers, settings, None).await
+}
+
+/// [`start`], serving gRPC over TLS (or mutual TLS) when `grpc_tls` is given.
+pub async fn start_with_tls(
+    rules: &str,
+    headers: &str,
+    settings: EngineSettings,
+    grpc_tls: Option<Arc<sluice::tls::ServerTls>>,
+) -> TestServer {
     // A round time (a whole hour) so window boundaries in tests are predictable.
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
     let rules = load_texts([("rules.yaml", rules)]).expect("test rules are valid");
@@ -37,6 +47,7 @@ pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> Test
         metrics: Some(Arc::new(sluice::metrics::Metrics::new(0.8, 3))),
         json: true,
         dynamic_metadata: true,
+        grpc_tls,
     };
     let running = server::start(options, engine).await.expect("server starts");
     TestServer { clock, running }
@@ -185,6 +196,7 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     );
     p
 }
+pub mod pki;
 pub mod redis;
 
 /// Waits (bounded) until a server process started by a test accepts connections.
