@@ -40,14 +40,15 @@ const HEADER_ROUTES: &str = r#"
 
 /// Envoy in front of an upstream (an Envoy listener answering 200 with `x-tokens: 40`, as an
 /// LLM API reports the tokens a call used); `routes` are the front listener's routes.
-/// `rls_transport` is the rls cluster's `transport_socket` block (empty: plaintext).
+/// `rls_cluster` is more of the rls cluster's settings: a `transport_socket` (none: plaintext),
+/// `health_checks`.
 fn bootstrap(
     front: u16,
     backend: u16,
     admin: u16,
     rls: u16,
     routes: &str,
-    rls_transport: &str,
+    rls_cluster: &str,
 ) -> String {
     format!(
         r#"
@@ -109,7 +110,7 @@ static_resources:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}{rls_transport}
+        explicit_http_config: {{http2_protocol_options: {{}}}}{rls_cluster}
     load_assignment:
       cluster_name: rls
       endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
@@ -161,19 +162,14 @@ async fn run_envoy(server: &TestServer, routes: &str, name: &str) -> Envoy {
     run_envoy_with(server, routes, name, "").await
 }
 
-async fn run_envoy_with(
-    server: &TestServer,
-    routes: &str,
-    name: &str,
-    rls_transport: &str,
-) -> Envoy {
+async fn run_envoy_with(server: &TestServer, routes: &str, name: &str, rls_cluster: &str) -> Envoy {
     let rls = server.running.grpc_addr.port();
     let (front, backend, admin) = (free_port(), free_port(), free_port());
     let dir = temp_dir(name);
     let config = dir.join("envoy.yaml");
     std::fs::write(
         &config,
-        bootstrap(front, backend, admin, rls, routes, rls_transport),
+        bootstrap(front, backend, admin, rls, routes, rls_cluster),
     )
     .unwrap();
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
@@ -377,4 +373,75 @@ async fn envoy_calls_sluice_over_mutual_tls() {
         .1;
     assert!(stats.contains("cluster.rls.ssl.handshake: 1"), "{stats}");
     server.running.stop().await.unwrap();
+}
+
+/// One counter from Envoy's admin `/stats` (0 when Envoy has not made it yet).
+async fn envoy_stat(envoy: &Envoy, name: &str) -> u64 {
+    let stats = http_get(envoy.admin, &format!("/stats?filter=^{name}$"))
+        .await
+        .1;
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(": "))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+/// Waits (bounded) until Envoy's counter `name` is at least `at_least`.
+async fn wait_for_stat(envoy: &Envoy, name: &str, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while envoy_stat(envoy, name).await < at_least {
+        if Instant::now() > deadline {
+            let stats = http_get(envoy.admin, "/stats?filter=health_check").await.1;
+            panic!("{name} never reached {at_least}: {stats}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A rollout as Envoy sees it: once the drain begins (what SIGTERM does first, tests/cli.rs),
+/// Envoy's gRPC health check of the rls cluster sees NOT_SERVING, and every call that still
+/// arrives is decided by sluice, limits included; none falls through `failure_mode_deny: false`
+/// until the listeners close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_node_keeps_deciding_for_envoy_until_it_stops() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let health_checked = r#"
+    health_checks:
+    - timeout: 1s
+      interval: 0.1s
+      no_traffic_interval: 0.1s
+      unhealthy_threshold: 1
+      healthy_threshold: 1
+      grpc_health_check: {service_name: envoy.service.ratelimit.v3.RateLimitService}"#;
+    let envoy = run_envoy_with(&server, HEADER_ROUTES, "envoy-drain", health_checked).await;
+    wait_for_stat(&envoy, "cluster.rls.health_check.success", 1).await;
+    assert_eq!(
+        envoy_stat(&envoy, "cluster.rls.health_check.failure").await,
+        0
+    );
+
+    server.running.drain();
+    wait_for_stat(&envoy, "cluster.rls.health_check.failure", 1).await;
+    // Envoy now knows the node is going; its calls are still answered, limits and all.
+    for i in 0..3 {
+        let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "drain")]).await;
+        assert_eq!(status(&r), 200, "request {i} during the drain: {r}");
+    }
+    let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "drain")]).await;
+    assert_eq!(status(&r), 429, "the limit holds during the drain: {r}");
+    assert_eq!(
+        envoy_stat(&envoy, "cluster.backend.ratelimit.error").await,
+        0
+    );
+    assert_eq!(
+        envoy_stat(&envoy, "cluster.backend.ratelimit.failure_mode_allowed").await,
+        0
+    );
+
+    // The contrast, so the zeros above mean something: once the listeners close, Envoy's call
+    // fails and failure_mode_deny: false lets the over-limit client through.
+    server.running.stop().await.unwrap();
+    let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "drain")]).await;
+    assert_eq!(status(&r), 200, "{r}");
+    assert!(envoy_stat(&envoy, "cluster.backend.ratelimit.error").await >= 1);
 }
