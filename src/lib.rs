@@ -3,7 +3,7 @@
 //! The folders are the architecture: `rules` (parse, validate, match), `limiter` (the
 //! algorithms as pure functions), `store` (where state lives: memory), `engine` (one request:
 //! match, build checks, apply them all-or-nothing, report), `service` (gRPC adapter), `admin`
-//! (HTTP), `server` (wiring and lifecycle).
+//! (HTTP), `server` (wiring and lifecycle), `xds` (rules pushed by an xDS server).
 
 pub mod admin;
 pub mod clock;
@@ -19,3 +19,4 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod tls;
+pub mod xds;

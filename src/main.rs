@@ -12,13 +12,14 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice::engine::{Bounds, Engine, EngineSettings};
 use sluice::metrics::Metrics;
 use sluice::rules::reload::Reloader;
-use sluice::rules::{LoadOptions, load_path_with};
+use sluice::rules::{LoadOptions, RuleSet, load_path_with};
 use sluice::server::{self, Options};
 use sluice::service::{HeaderSet, LimitHeaderNames};
 use sluice::store::redis::{RedisOptions, Topology, redact};
 use sluice::store::{
     BackendConfig, BackendObserver, FailureMode, LeaseOptions, Mode, Store, StoreConfig, build,
 };
+use sluice::xds::{Backoff, XdsOptions, XdsRules, XdsTls};
 
 // glibc's malloc makes the worker threads queue on its arena lock; mimalloc's per-thread heaps
 // raised the load run's throughput by half (BENCHMARKS.md).
@@ -112,6 +113,41 @@ struct ServeArgs {
     /// A YAML rules file or a directory of them (one domain per file).
     #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
     config: PathBuf,
+    /// Take the rules from this xDS management server instead of files (host:port, or an
+    /// http:// or https:// URL): RateLimitConfig resources over ADS, state of the world.
+    #[arg(long, env = "SLUICE_XDS_SERVER", conflicts_with = "config")]
+    xds_server: Option<String>,
+    /// xDS: the node id the server keys its snapshots by.
+    #[arg(long, env = "SLUICE_XDS_NODE_ID", default_value = "sluice")]
+    xds_node_id: String,
+    /// xDS: the node's metadata, k=v[,k=v...].
+    #[arg(long, env = "SLUICE_XDS_NODE_METADATA", default_value = "")]
+    xds_node_metadata: String,
+    /// xDS: extra headers on the stream, name=value[,name=value...].
+    #[arg(long, env = "SLUICE_XDS_HEADERS", default_value = "")]
+    xds_headers: String,
+    /// xDS: TLS to the server, verified against this PEM CA.
+    #[arg(long, env = "SLUICE_XDS_TLS_CA")]
+    xds_tls_ca: Option<PathBuf>,
+    /// xDS: a client certificate (PEM) for a server that requires mutual TLS.
+    #[arg(long, env = "SLUICE_XDS_TLS_CERT", requires_all = ["xds_tls_key", "xds_tls_ca"])]
+    xds_tls_cert: Option<PathBuf>,
+    /// xDS: the private key of --xds-tls-cert.
+    #[arg(long, env = "SLUICE_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    xds_tls_key: Option<PathBuf>,
+    /// xDS: the name the server's certificate must carry (default: the server's host).
+    #[arg(long, env = "SLUICE_XDS_TLS_SERVER_NAME", requires = "xds_tls_ca")]
+    xds_tls_server_name: Option<String>,
+    /// xDS: the first pause before reconnecting; it doubles per failure in a row.
+    #[arg(long, env = "SLUICE_XDS_RETRY_INITIAL", default_value = "1s", value_parser = parse_duration)]
+    xds_retry_initial: Duration,
+    /// xDS: the longest pause before reconnecting.
+    #[arg(long, env = "SLUICE_XDS_RETRY_MAX", default_value = "30s", value_parser = parse_duration)]
+    xds_retry_max: Duration,
+    /// xDS: serve before the first rules arrive (no limits until then). Without it, the
+    /// listeners open once the first rules are applied.
+    #[arg(long, env = "SLUICE_XDS_START_WITHOUT_RULES")]
+    xds_start_without_rules: bool,
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -242,6 +278,19 @@ struct ServeArgs {
         requires = "grpc_tls_client_ca"
     )]
     grpc_tls_client_san: Option<String>,
+    /// Also serve the Go reference service's metric names
+    /// (`ratelimit_service_rate_limit_*{domain,key1,key2}`, which Envoy Gateway's dashboard reads)
+    /// on a listener of their own at this address (the reference's PROMETHEUS_ADDR).
+    #[arg(long, env = "SLUICE_REFERENCE_METRICS_ADDR")]
+    reference_metrics_addr: Option<SocketAddr>,
+    /// The path of --reference-metrics-addr (the reference's PROMETHEUS_PATH).
+    #[arg(
+        long,
+        env = "SLUICE_REFERENCE_METRICS_PATH",
+        default_value = "/metrics",
+        requires = "reference_metrics_addr"
+    )]
+    reference_metrics_path: String,
     /// How often the TLS files are read again.
     #[arg(long, env = "SLUICE_GRPC_TLS_RELOAD_EVERY", default_value = "10s", value_parser = parse_duration)]
     grpc_tls_reload_every: Duration,
@@ -436,7 +485,8 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
     if let Some(names) = &mut headers.ratelimit {
         *names = LimitHeaderNames::parse(&args.ratelimit_header_names)?;
     }
-    if !args.config.exists() {
+    let xds = xds_options(&args)?;
+    if xds.is_none() && !args.config.exists() {
         // The default is relative: started from another directory, it names nothing.
         let resolved = std::env::current_dir()
             .map(|d| d.join(&args.config))
@@ -447,14 +497,33 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
             resolved.display()
         );
     }
-    let rules = load_path_with(&args.config, load)
-        .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display()))?;
-    tracing::info!(
-        config = %args.config.display(),
-        domains = rules.domain_count(),
-        rules = rules.rule_count(),
-        "rules loaded"
-    );
+    let (rules, source) = match xds {
+        Some(xds) => (
+            RuleSet::default(),
+            Source::Xds {
+                options: xds,
+                wait: !args.xds_start_without_rules,
+            },
+        ),
+        None => {
+            let rules = load_path_with(&args.config, load).map_err(|e| {
+                anyhow::anyhow!("the rules in {} are invalid:\n{e}", args.config.display())
+            })?;
+            tracing::info!(
+                config = %args.config.display(),
+                domains = rules.domain_count(),
+                rules = rules.rule_count(),
+                "rules loaded"
+            );
+            (
+                rules,
+                Source::Files {
+                    path: args.config.clone(),
+                    watch: args.watch,
+                },
+            )
+        }
+    };
     let settings = EngineSettings {
         global_shadow: args.shadow_mode,
         global_quota: args.quota_mode,
@@ -476,7 +545,17 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
         )?)),
         _ => None,
     };
-    let metrics = Arc::new(Metrics::new(args.near_limit_ratio, args.metrics_max_series));
+    let metrics = Metrics::new(args.near_limit_ratio, args.metrics_max_series);
+    let metrics = Arc::new(match args.reference_metrics_addr {
+        Some(_) => metrics.with_reference_names(),
+        None => metrics,
+    });
+    if !args.reference_metrics_path.starts_with('/') {
+        anyhow::bail!(
+            "--reference-metrics-path '{}' must start with /",
+            args.reference_metrics_path
+        );
+    }
     let options = Options {
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
@@ -487,10 +566,12 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
         json: args.json_endpoint,
         dynamic_metadata: args.response_dynamic_metadata,
         grpc_tls,
+        reference_metrics: args
+            .reference_metrics_addr
+            .map(|a| (a, args.reference_metrics_path.clone())),
     };
     let live = Live {
-        config: args.config.clone(),
-        watch: args.watch,
+        source,
         shutdown_grace: args.shutdown_grace,
         drain_delay: args.drain_delay,
         load,
@@ -546,10 +627,55 @@ fn serve(args: ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
     })
 }
 
+/// Where the rules come from.
+enum Source {
+    /// Files, reloaded on SIGHUP and, with `watch`, on change.
+    Files { path: PathBuf, watch: bool },
+    /// An xDS server; with `wait`, nothing is served before its first rules.
+    Xds { options: XdsOptions, wait: bool },
+}
+
+/// The xDS client's settings, when --xds-server asks for one.
+fn xds_options(args: &ServeArgs) -> anyhow::Result<Option<XdsOptions>> {
+    let Some(server) = args.xds_server.clone() else {
+        return Ok(None);
+    };
+    let node_metadata = sluice::xds::parse_pairs(&args.xds_node_metadata)
+        .map_err(|e| anyhow::anyhow!("--xds-node-metadata: {e}"))?;
+    let headers = sluice::xds::parse_pairs(&args.xds_headers)
+        .map_err(|e| anyhow::anyhow!("--xds-headers: {e}"))?
+        .into_iter()
+        .map(|(name, value)| {
+            let key = name.to_ascii_lowercase().parse();
+            match (key, value.parse()) {
+                (Ok(k), Ok(v)) => Ok((k, v)),
+                _ => Err(anyhow::anyhow!(
+                    "--xds-headers: '{name}: {value}' is not a valid header"
+                )),
+            }
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let tls = args.xds_tls_ca.clone().map(|ca| XdsTls {
+        ca,
+        identity: args.xds_tls_cert.clone().zip(args.xds_tls_key.clone()),
+        server_name: args.xds_tls_server_name.clone(),
+    });
+    Ok(Some(XdsOptions {
+        server,
+        node_id: args.xds_node_id.clone(),
+        node_metadata,
+        headers,
+        tls,
+        retry: Backoff {
+            initial: args.xds_retry_initial,
+            max: args.xds_retry_max.max(args.xds_retry_initial),
+        },
+    }))
+}
+
 /// How the rules stay live.
 struct Live {
-    config: PathBuf,
-    watch: bool,
+    source: Source,
     shutdown_grace: Duration,
     drain_delay: Duration,
     load: LoadOptions,
@@ -557,27 +683,37 @@ struct Live {
 
 async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> anyhow::Result<()> {
     let engine = Arc::new(engine);
-    let reloader = {
+    let apply = {
         let engine = engine.clone();
-        let reloader = Reloader::new(live.config, &engine.rules(), move |rules| {
-            engine.replace_rules(rules)
-        })
-        .with_load_options(live.load);
-        Arc::new(match &options.metrics {
-            Some(m) => reloader.with_metrics(m.clone()),
-            None => reloader,
-        })
+        move |rules| engine.replace_rules(rules)
     };
-    let _watch = if live.watch {
+    let (reloader, watch, xds) = match live.source {
+        Source::Files { path, watch } => (Reloader::new(path, &engine.rules(), apply), watch, None),
+        Source::Xds { options, wait } => {
+            let source = format!("xds {} (node {})", options.server, options.node_id);
+            (
+                Reloader::pushed(source, apply),
+                false,
+                Some((options, wait)),
+            )
+        }
+    };
+    let reloader = reloader.with_load_options(live.load);
+    let reloader = Arc::new(match &options.metrics {
+        Some(m) => reloader.with_metrics(m.clone()),
+        None => reloader,
+    });
+    let _watch = if watch {
         Some(
             reloader
                 .watch(Duration::from_millis(200))
-                .with_context(|| format!("watching {}", reloader.path().display()))?,
+                .with_context(|| format!("watching {}", reloader.source()))?,
         )
     } else {
         None
     };
     let stop_signal = shutdown_signal();
+    tokio::pin!(stop_signal);
     let sighup = {
         let reloader = reloader.clone();
         // Registered here, before anything listens: a SIGHUP that arrived before a spawned
@@ -595,9 +731,26 @@ async fn run<S: Store>(mut options: Options, live: Live, engine: Engine<S>) -> a
             }
         })
     };
+    let _xds = match xds {
+        Some((xds, wait)) => {
+            let client = XdsRules::start(xds, reloader.clone());
+            if wait {
+                tracing::info!(source = %reloader.source(), "waiting for the first rules before serving");
+                tokio::select! {
+                    _ = client.first_rules() => {}
+                    _ = &mut stop_signal => {
+                        tracing::info!("stopped before the first rules arrived");
+                        return Ok(());
+                    }
+                }
+            }
+            Some(client)
+        }
+        None => None,
+    };
     options.reloader = Some(reloader);
     let running = server::start(options, engine).await?;
-    stop_signal.await;
+    (&mut stop_signal).await;
     if !live.drain_delay.is_zero() {
         tracing::info!(delay = ?live.drain_delay, "draining: health NOT_SERVING, calls still answered");
         running.drain();

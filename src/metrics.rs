@@ -2,6 +2,12 @@
 //! in seconds. Per-rule series are labelled by domain and rule path; descriptor values appear in
 //! labels only for rules with `detailed_metric`/`value_to_metric`, and those series are capped
 //! (`--metrics-max-series`): past the cap they are counted under `rule="_other_"`.
+//!
+//! With [`Metrics::with_reference_names`], the same decisions are also counted under the names
+//! Envoy Gateway's dashboard reads from the Go reference service
+//! (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//! with `domain`, `key1`, `key2`), in a registry of their own served on a listener of its own
+//! (`--reference-metrics-addr`, the reference's `PROMETHEUS_ADDR`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -71,17 +77,51 @@ pub struct Metrics {
     rule_cache: RwLock<RuleCache>,
     /// `calls` by result, in `CallResult` order.
     call_counters: [IntCounter; 4],
+    /// The reference's names, when asked for.
+    reference: Option<ReferenceNames>,
+}
+
+/// The reference service's per-rule counters, as Envoy Gateway's statsd mapping names them.
+struct ReferenceNames {
+    registry: Registry,
+    total_hits: IntCounterVec,
+    over_limit: IntCounterVec,
+    near_limit: IntCounterVec,
+    within_limit: IntCounterVec,
+    shadow_mode: IntCounterVec,
+}
+
+/// One counter, and its twin under the reference's name when those are on.
+struct Tally {
+    ours: IntCounter,
+    reference: Option<IntCounter>,
+}
+
+impl Tally {
+    fn inc_by(&self, n: u64) {
+        self.ours.inc_by(n);
+        if let Some(r) = &self.reference {
+            r.inc_by(n);
+        }
+    }
+}
+
+/// `key1` and `key2` of a rule path (`key_value.key2_value2...`): its first part, and the rest
+/// (the reference's statsd mapping gives one or two levels; deeper paths keep the rest in
+/// `key2` rather than vanish from the dashboard).
+fn reference_keys(rule: &str) -> (&str, &str) {
+    rule.split_once('.').unwrap_or((rule, ""))
 }
 
 type RuleCache = HashMap<String, HashMap<Arc<str>, Arc<RuleCounters>>>;
 
 /// One rule's counters, resolved from the vectors once.
 struct RuleCounters {
-    hits: IntCounter,
-    over_limit: IntCounter,
-    near_limit: IntCounter,
-    within_limit: IntCounter,
-    shadow_mode: IntCounter,
+    hits: Tally,
+    over_limit: Tally,
+    near_limit: Tally,
+    within_limit: Tally,
+    shadow_mode: Tally,
     failure_policy: IntCounter,
 }
 
@@ -232,7 +272,45 @@ impl Metrics {
             detailed_series: Mutex::new(HashSet::new()),
             rule_cache: RwLock::new(HashMap::new()),
             call_counters,
+            reference: None,
         }
+    }
+
+    /// Also counts decisions under the reference service's names ([`Metrics::render_reference`]).
+    pub fn with_reference_names(mut self) -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &["domain", "key1", "key2"])
+                .expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
+            c
+        };
+        let name = |what: &str| format!("ratelimit_service_rate_limit_{what}");
+        self.reference = Some(ReferenceNames {
+            total_hits: counter(&name("total_hits"), "Hits checked against the rule."),
+            over_limit: counter(&name("over_limit"), "Hits denied by the rule."),
+            near_limit: counter(&name("near_limit"), "Hits allowed near the limit."),
+            within_limit: counter(
+                &name("within_limit"),
+                "Hits allowed below the near-limit ratio.",
+            ),
+            shadow_mode: counter(
+                &name("shadow_mode"),
+                "Hits a shadow-mode rule would have denied.",
+            ),
+            registry,
+        });
+        self
+    }
+
+    /// The reference's names in the text format; None when they are off.
+    pub fn render_reference(&self) -> Option<String> {
+        let reference = self.reference.as_ref()?;
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&reference.registry.gather(), &mut out);
+        Some(String::from_utf8(out).unwrap_or_default())
     }
 
     /// One ShouldRateLimit call.
@@ -295,12 +373,21 @@ impl Metrics {
             }
         }
         let labels = [domain, rule];
+        let (key1, key2) = reference_keys(rule);
+        let reference_labels = [domain, key1, key2];
+        let tally = |ours: &IntCounterVec, pick: fn(&ReferenceNames) -> &IntCounterVec| Tally {
+            ours: ours.with_label_values(&labels),
+            reference: self
+                .reference
+                .as_ref()
+                .map(|r| pick(r).with_label_values(&reference_labels)),
+        };
         let counters = Arc::new(RuleCounters {
-            hits: self.rule_hits.with_label_values(&labels),
-            over_limit: self.rule_over_limit.with_label_values(&labels),
-            near_limit: self.rule_near_limit.with_label_values(&labels),
-            within_limit: self.rule_within_limit.with_label_values(&labels),
-            shadow_mode: self.rule_shadow_mode.with_label_values(&labels),
+            hits: tally(&self.rule_hits, |r| &r.total_hits),
+            over_limit: tally(&self.rule_over_limit, |r| &r.over_limit),
+            near_limit: tally(&self.rule_near_limit, |r| &r.near_limit),
+            within_limit: tally(&self.rule_within_limit, |r| &r.within_limit),
+            shadow_mode: tally(&self.rule_shadow_mode, |r| &r.shadow_mode),
             failure_policy: self.rule_failure_policy.with_label_values(&labels),
         });
         let mut cache = self.rule_cache.write().unwrap_or_else(|e| e.into_inner());

@@ -1,5 +1,6 @@
-//! The generated Envoy RLS v3 types (from `proto/`, compiled by build.rs). Module nesting
-//! follows the proto packages because the generated code refers across them by path.
+//! The generated Envoy RLS v3 and xDS types and the reference service's rules resource (from
+//! `proto/`, compiled by build.rs). Module nesting follows the proto packages because the
+//! generated code refers across them by path.
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
 pub mod envoy {
@@ -20,6 +21,11 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
@@ -29,6 +35,23 @@ pub mod envoy {
     pub mod r#type {
         pub mod v3 {
             tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+}
+
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// The Go reference service's rules resource, which Envoy Gateway pushes over xDS.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
         }
     }
 }

@@ -35,20 +35,14 @@ pub enum ReferenceEnvError {
 /// Variables that change nothing here, and why.
 const IGNORED: &[(&str, &str)] = &[
     (
-        "USE_PROMETHEUS",
-        "metrics are always on GET /metrics on the HTTP port",
+        "PROMETHEUS_MAPPER_YAML",
+        "the reference names are Envoy Gateway's mapping, fixed",
     ),
-    ("PROMETHEUS_ADDR", "metrics are served on the HTTP port"),
-    ("PROMETHEUS_PATH", "metrics are served at /metrics"),
     (
         "RUNTIME_WATCH_ROOT",
         "the rules directory is watched either way",
     ),
     ("RUNTIME_IGNOREDOTFILES", "hidden files are always skipped"),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "serve starts on the rules files it is given",
-    ),
     (
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "the over-limit cache is sized in counters (--over-limit-cache)",
@@ -110,11 +104,6 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     // Refused first: sluice cannot do what these ask. A value names the one refused; None
     // refuses anything but false (a switch, or a certificate path).
     for (var, refused, why) in [
-        (
-            "CONFIG_TYPE",
-            Some("GRPC_XDS_SOTW"),
-            "rules over xDS are not supported yet: use rules files (FILE)",
-        ),
         (
             "BACKEND_TYPE",
             Some("memcache"),
@@ -233,8 +222,38 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
         }
     }
 
-    // Rules: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (default `config`).
-    if let Some(root) = set("RUNTIME_ROOT") {
+    // Rules: from an xDS server (CONFIG_TYPE=GRPC_XDS_SOTW), or from files under
+    // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (default `config`).
+    let config_type = set("CONFIG_TYPE").map(|v| v.to_ascii_uppercase());
+    let xds = match config_type.as_deref() {
+        None | Some("FILE") => false,
+        Some("GRPC_XDS_SOTW") => true,
+        Some(other) => {
+            return Err(invalid(
+                "CONFIG_TYPE",
+                other,
+                "expected FILE or GRPC_XDS_SOTW",
+            ));
+        }
+    };
+    if xds {
+        xds_flags(&mut t, &set, &truthy, &flag)?;
+        for var in [
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ] {
+            if set(var).is_some() {
+                t.ignored.push((var.to_owned(), "the rules come over xDS"));
+            }
+        }
+    } else if set("FORCE_START_WITHOUT_INITIAL_CONFIG").is_some() {
+        t.ignored.push((
+            "FORCE_START_WITHOUT_INITIAL_CONFIG".to_owned(),
+            "serve starts on the rules files it is given",
+        ));
+    }
+    if let Some(root) = set("RUNTIME_ROOT").filter(|_| !xds) {
         let mut path = std::path::PathBuf::from(root);
         if let Some(sub) = set("RUNTIME_SUBDIRECTORY") {
             path.push(sub);
@@ -361,6 +380,30 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             Some(names.join(",")),
         );
     }
+    // Prometheus: sluice's own names are always on the HTTP port; the reference's names (as
+    // Envoy Gateway's statsd mapping makes them) on PROMETHEUS_ADDR, as the reference serves.
+    if truthy("USE_PROMETHEUS")? == Some(true) {
+        let addr = set("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".into());
+        // Go's `:19001` is every interface.
+        let addr = match addr.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => addr,
+        };
+        flag(
+            &mut t,
+            "SLUICE_REFERENCE_METRICS_ADDR",
+            "--reference-metrics-addr",
+            Some(addr),
+        );
+        if let Some(path) = set("PROMETHEUS_PATH") {
+            flag(
+                &mut t,
+                "SLUICE_REFERENCE_METRICS_PATH",
+                "--reference-metrics-path",
+                Some(path),
+            );
+        }
+    }
     if let Some(level) = set("LOG_LEVEL") {
         let level = level.to_ascii_lowercase();
         let level = if level == "warning" {
@@ -395,6 +438,96 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
         }
     }
     Ok(t)
+}
+
+/// The xDS client's flags from the reference's CONFIG_GRPC_XDS_* variables (its defaults when
+/// unset: server `localhost:18000`, node id `default`).
+fn xds_flags(
+    t: &mut Translation,
+    set: &impl Fn(&str) -> Option<String>,
+    truthy: &impl Fn(&str) -> Result<Option<bool>, ReferenceEnvError>,
+    flag: &impl Fn(&mut Translation, &str, &str, Option<String>),
+) -> Result<(), ReferenceEnvError> {
+    let server = set("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".into());
+    flag(t, "SLUICE_XDS_SERVER", "--xds-server", Some(server));
+    let node = set("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_else(|| "default".into());
+    flag(t, "SLUICE_XDS_NODE_ID", "--xds-node-id", Some(node));
+    for (var, sluice_env, f) in [
+        (
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+            "SLUICE_XDS_NODE_METADATA",
+            "--xds-node-metadata",
+        ),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "SLUICE_XDS_HEADERS",
+            "--xds-headers",
+        ),
+    ] {
+        if let Some(v) = set(var) {
+            flag(t, sluice_env, f, Some(v));
+        }
+    }
+    if let Some(d) = set("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL") {
+        let d = go_duration(&d).ok_or_else(|| {
+            invalid(
+                "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+                &d,
+                "expected a duration like 3s",
+            )
+        })?;
+        flag(
+            t,
+            "SLUICE_XDS_RETRY_INITIAL",
+            "--xds-retry-initial",
+            Some(d),
+        );
+    }
+    if truthy("CONFIG_GRPC_XDS_SERVER_USE_TLS")? == Some(true) {
+        // sluice carries no system trust store: the server's CA must be named.
+        let ca = set("CONFIG_GRPC_XDS_SERVER_TLS_CACERT").ok_or_else(|| {
+            unsupported(
+                "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+                "true",
+                "needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT: sluice verifies the xDS server against a named CA only",
+            )
+        })?;
+        flag(t, "SLUICE_XDS_TLS_CA", "--xds-tls-ca", Some(ca));
+        match (
+            set("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            set("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => {
+                flag(t, "SLUICE_XDS_TLS_CERT", "--xds-tls-cert", Some(cert));
+                flag(t, "SLUICE_XDS_TLS_KEY", "--xds-tls-key", Some(key));
+            }
+            (None, None) => {}
+            (Some(v), None) | (None, Some(v)) => {
+                return Err(invalid(
+                    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                    &v,
+                    "needs both CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                ));
+            }
+        }
+        if let Some(san) = set("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
+            flag(
+                t,
+                "SLUICE_XDS_TLS_SERVER_NAME",
+                "--xds-tls-server-name",
+                Some(san),
+            );
+        }
+    }
+    if truthy("FORCE_START_WITHOUT_INITIAL_CONFIG")? == Some(true) {
+        flag(
+            t,
+            "SLUICE_XDS_START_WITHOUT_RULES",
+            "--xds-start-without-rules",
+            None,
+        );
+    }
+    Ok(())
 }
 
 /// A Go boolean as the reference's settings parse it (`true`, `1`, `t`, any case).
@@ -492,9 +625,11 @@ mod tests {
                 "ratelimit",
                 "--ratelimit-header-names",
                 "RateLimit-Limit,RateLimit-Remaining,X-Reset",
+                "--reference-metrics-addr",
+                "0.0.0.0:9090",
             ]
         );
-        assert_eq!(t.ignored.len(), 1, "{:?}", t.ignored);
+        assert!(t.ignored.is_empty(), "{:?}", t.ignored);
     }
 
     #[test]
@@ -520,7 +655,6 @@ mod tests {
     #[test]
     fn what_sluice_cannot_do_is_refused_by_name() {
         for (var, value) in [
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_SOCKET_TYPE", "unix"),
             ("REDIS_TYPE", "sentinel"),
@@ -540,6 +674,81 @@ mod tests {
             run(&[("REDIS_TIMEOUT", "1.5s")]),
             Err(ReferenceEnvError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn envoy_gateway_xds_becomes_the_xds_client_flags() {
+        let t = run(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--xds-server",
+                "envoy-gateway:18001",
+                "--xds-node-id",
+                "envoy-ratelimit",
+                "--xds-tls-ca",
+                "/certs/ca.crt",
+                "--xds-tls-cert",
+                "/certs/tls.crt",
+                "--xds-tls-key",
+                "/certs/tls.key",
+                "--xds-start-without-rules",
+            ]
+        );
+        // The rules directory is not read: RUNTIME_ROOT is listed as not needed.
+        assert!(t.ignored.iter().any(|(v, _)| v == "RUNTIME_ROOT"));
+        // The reference's defaults, and what cannot be done.
+        let t = run(&[
+            ("CONFIG_TYPE", "grpc_xds_sotw"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--xds-server",
+                "localhost:18000",
+                "--xds-node-id",
+                "default",
+                "--xds-retry-initial",
+                "3s"
+            ]
+        );
+        for vars in [
+            &[("CONFIG_TYPE", "GRPC_XDS_DELTA")][..],
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c"),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/ca"),
+            ],
+        ] {
+            assert!(
+                matches!(run(vars), Err(ReferenceEnvError::Invalid { .. })),
+                "{vars:?}"
+            );
+        }
+        let e = run(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            "{e}"
+        );
     }
 
     #[test]

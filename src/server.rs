@@ -41,12 +41,17 @@ pub struct Options {
     pub dynamic_metadata: bool,
     /// TLS (and mutual TLS) on the gRPC listener; None serves plaintext HTTP/2.
     pub grpc_tls: Option<Arc<ServerTls>>,
+    /// A listener of its own serving the reference service's metric names at this path (the
+    /// metrics must be made [`with_reference_names`](crate::metrics::Metrics::with_reference_names)).
+    pub reference_metrics: Option<(SocketAddr, String)>,
 }
 
 /// A running server. Dropping it does not stop it; call [`Running::stop`].
 pub struct Running<S> {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// Where the reference's metric names are served, when they are.
+    pub reference_metrics_addr: Option<SocketAddr>,
     pub engine: Arc<Engine<S>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
@@ -66,6 +71,19 @@ pub async fn start<S: Store>(
         .with_context(|| format!("binding the HTTP address {}", options.http_addr))?;
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
+    let reference_listener = match &options.reference_metrics {
+        Some((addr, path)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the reference metrics address {addr}"))?;
+            Some((listener, path.clone()))
+        }
+        None => None,
+    };
+    let reference_metrics_addr = match &reference_listener {
+        Some((l, _)) => Some(l.local_addr()?),
+        None => None,
+    };
 
     let (health, health_service) = HealthStatus::new();
     let serving = Arc::new(AtomicBool::new(true));
@@ -168,6 +186,13 @@ pub async fn start<S: Store>(
         }
     };
 
+    if let (Some((listener, path)), Some(metrics)) = (reference_listener, options.metrics.clone()) {
+        let server = axum::serve(listener, crate::admin::reference_metrics(metrics, &path))
+            .with_graceful_shutdown(signal(stopped.clone()));
+        tasks.push(tokio::spawn(async move {
+            server.await.context("reference metrics server")
+        }));
+    }
     tasks.extend([
         grpc,
         tokio::spawn(async move { http.await.context("HTTP server") }),
@@ -194,6 +219,7 @@ pub async fn start<S: Store>(
     Ok(Running {
         grpc_addr,
         http_addr,
+        reference_metrics_addr,
         engine,
         stop,
         tasks,

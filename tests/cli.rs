@@ -357,14 +357,14 @@ async fn as_ratelimit_it_serves_from_the_references_environment() {
 async fn as_ratelimit_it_refuses_what_it_cannot_do_by_name() {
     let dir = common::temp_dir("as-reference-refused");
     let out = as_reference(&dir)
-        .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+        .env("REDIS_TYPE", "sentinel")
         .output()
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not supported yet"),
+        stderr.contains("REDIS_TYPE=sentinel: Redis Sentinel is not supported yet"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

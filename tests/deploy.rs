@@ -49,7 +49,7 @@ fn envoy_configs_pass_envoy_validation() {
 
 #[test]
 fn kubernetes_manifests_parse_and_are_production_shaped() {
-    let docs = documents(&root().join("deploy/kubernetes/sluice.yaml"));
+    let docs = documents(&root().join("deploy/kubernetes/base/sluice.yaml"));
     let kind = |k: &str| {
         docs.iter()
             .find(|d| d["kind"] == k)
@@ -92,9 +92,113 @@ fn kubernetes_manifests_parse_and_are_production_shaped() {
         })
         .collect();
     sluice::rules::load_texts(files.iter().map(|(k, v)| (k.as_str(), v.as_str()))).unwrap();
-    for d in documents(&root().join("deploy/kubernetes/redis-cluster.yaml")) {
-        assert!(d["kind"].is_string(), "{d:?}");
+}
+
+/// The compose file passes Compose's own schema check (`docker-compose config`, no daemon
+/// needed): a misspelled or misplaced key fails here, not on an operator's `docker compose up`.
+#[test]
+fn compose_file_passes_the_compose_schema() {
+    let tool = std::env::var("SLUICE_DOCKER_COMPOSE").unwrap_or_else(|_| "docker-compose".into());
+    let out = std::process::Command::new(&tool)
+        .arg("-f")
+        .arg(root().join("docker-compose.yml"))
+        .args(["config", "-q"])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{tool}: {e} (apt-get install docker-compose, or set SLUICE_DOCKER_COMPOSE)")
+        });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubectl kustomize DIR`: the manifests an operator's `kubectl apply -k DIR` sends.
+fn kustomize(dir: &str) -> String {
+    let kubectl = std::env::var("SLUICE_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let out = std::process::Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(root().join(dir))
+        .output()
+        .unwrap_or_else(|e| panic!("{kubectl}: {e} (install kubectl, or set SLUICE_KUBECTL)"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn kustomize_base_and_overlay_build_and_validate_against_the_kubernetes_schemas() {
+    let validate = venv_tool("SLUICE_KUBERNETES_VALIDATE", "kubernetes-validate");
+    let dir = temp_dir("kustomize");
+    for (name, built) in [
+        ("base", kustomize("deploy/kubernetes/base")),
+        (
+            "redis-cluster",
+            kustomize("deploy/kubernetes/overlays/redis-cluster"),
+        ),
+    ] {
+        let file = dir.join(format!("{name}.yaml"));
+        std::fs::write(&file, &built).unwrap();
+        let out = std::process::Command::new(&validate)
+            .arg("--strict")
+            .arg(&file)
+            .output()
+            .expect("kubernetes-validate runs");
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !report.contains("ERROR"),
+            "{name}: {report}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(report.matches("passed").count() >= 5, "{name}: {report}");
     }
+    // The overlay switches the backend: one SLUICE_BACKEND, redis-cluster, the URL from the Secret.
+    let overlay: Vec<serde_yaml::Value> = {
+        use serde::Deserialize;
+        let text = std::fs::read_to_string(dir.join("redis-cluster.yaml")).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+            .collect()
+    };
+    let deployment = overlay.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let backends: Vec<_> = env
+        .iter()
+        .filter(|e| e["name"] == "SLUICE_BACKEND")
+        .collect();
+    assert_eq!(backends.len(), 1, "{env:?}");
+    assert_eq!(backends[0]["value"], "redis-cluster");
+    let url = env
+        .iter()
+        .find(|e| e["name"] == "SLUICE_REDIS_URL")
+        .unwrap();
+    assert_eq!(url["valueFrom"]["secretKeyRef"]["name"], "sluice-redis");
+    assert!(overlay.iter().any(|d| d["kind"] == "Secret"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn envoy_gateway_runs_sluice_by_its_image_alone() {
+    let docs = documents(&root().join("deploy/envoy-gateway/envoy-gateway-config.yaml"));
+    assert_eq!(docs.len(), 1);
+    assert_eq!(docs[0]["kind"], "ConfigMap");
+    assert_eq!(docs[0]["metadata"]["namespace"], "envoy-gateway-system");
+    let embedded = docs[0]["data"]["envoy-gateway.yaml"].as_str().unwrap();
+    let config: serde_yaml::Value = serde_yaml::from_str(embedded).unwrap();
+    assert_eq!(config["kind"], "EnvoyGateway");
+    let image = &config["provider"]["kubernetes"]["rateLimitDeployment"]["container"]["image"];
+    assert!(image.as_str().unwrap().contains("sluice"), "{image:?}");
+    // Global rate limiting is on only with a backend configured.
+    assert_eq!(config["rateLimit"]["backend"]["type"], "Redis");
+    // The image offers the command Envoy Gateway runs.
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("/bin/ratelimit"));
 }
 
 #[test]

@@ -42,14 +42,13 @@ const HEADER_ROUTES: &str = r#"
 /// LLM API reports the tokens a call used); `routes` are the front listener's routes.
 /// `rls_cluster` is more of the rls cluster's settings: a `transport_socket` (none: plaintext),
 /// `health_checks`.
-fn bootstrap(
-    front: u16,
-    backend: u16,
-    admin: u16,
-    rls: u16,
-    routes: &str,
-    rls_cluster: &str,
-) -> String {
+fn bootstrap(ports: Ports, domain: &str, routes: &str, rls_cluster: &str) -> String {
+    let Ports {
+        front,
+        backend,
+        admin,
+        rls,
+    } = ports;
     format!(
         r#"
 admin:
@@ -73,7 +72,7 @@ static_resources:
           - name: envoy.filters.http.ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: e2e
+              domain: {domain}
               failure_mode_deny: false
               timeout: 2s
               enable_x_ratelimit_headers: DRAFT_VERSION_03
@@ -156,7 +155,14 @@ fn status(response: &str) -> u16 {
     response[9..12].parse().unwrap()
 }
 
-/// Validates `config`, starts Envoy on it and waits (bounded) until its admin says it is ready.
+#[derive(Clone, Copy)]
+struct Ports {
+    front: u16,
+    backend: u16,
+    admin: u16,
+    rls: u16,
+}
+
 /// Envoy with `routes` in front of `server`: validated, started, and ready (bounded wait).
 async fn run_envoy(server: &TestServer, routes: &str, name: &str) -> Envoy {
     run_envoy_with(server, routes, name, "").await
@@ -164,14 +170,27 @@ async fn run_envoy(server: &TestServer, routes: &str, name: &str) -> Envoy {
 
 async fn run_envoy_with(server: &TestServer, routes: &str, name: &str, rls_cluster: &str) -> Envoy {
     let rls = server.running.grpc_addr.port();
-    let (front, backend, admin) = (free_port(), free_port(), free_port());
+    run_envoy_at(rls, "e2e", routes, name, rls_cluster).await
+}
+
+/// Envoy calling the rate limit service on loopback port `rls` for `domain`.
+async fn run_envoy_at(
+    rls: u16,
+    domain: &str,
+    routes: &str,
+    name: &str,
+    rls_cluster: &str,
+) -> Envoy {
+    let ports = Ports {
+        front: free_port(),
+        backend: free_port(),
+        admin: free_port(),
+        rls,
+    };
+    let (front, admin) = (ports.front, ports.admin);
     let dir = temp_dir(name);
     let config = dir.join("envoy.yaml");
-    std::fs::write(
-        &config,
-        bootstrap(front, backend, admin, rls, routes, rls_cluster),
-    )
-    .unwrap();
+    std::fs::write(&config, bootstrap(ports, domain, routes, rls_cluster)).unwrap();
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
     let validate = std::process::Command::new(&envoy_bin)
         .args(["--mode", "validate", "-c"])
@@ -322,6 +341,31 @@ async fn envoy_debits_llm_tokens_after_the_response() {
     server.running.stop().await.unwrap();
 }
 
+/// The rls cluster's TLS, as Envoy Gateway wires it: the cluster presents the client
+/// certificate `client` and checks the server's (`localhost`) against the CA, over HTTP/2
+/// negotiated by ALPN.
+fn mtls_transport(pki: &common::pki::Pki, client: &str) -> String {
+    format!(
+        r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{filename: {crt}}}
+            private_key: {{filename: {key}}}
+          validation_context:
+            trusted_ca: {{filename: {ca}}}
+            match_typed_subject_alt_names: [{{san_type: DNS, matcher: {{exact: localhost}}}}]"#,
+        crt = pki.crt(client).display(),
+        key = pki.key(client).display(),
+        ca = pki.crt("ca").display(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_calls_sluice_over_mutual_tls() {
     use common::pki::{Pki, Usage};
@@ -338,27 +382,7 @@ async fn envoy_calls_sluice_over_mutual_tls() {
     })
     .unwrap();
     let server = start_with_tls(RULES, "none", EngineSettings::default(), Some(tls.into())).await;
-    // As Envoy Gateway wires it: the cluster presents a client certificate and checks the
-    // server's against the CA, over HTTP/2 negotiated by ALPN.
-    let transport = format!(
-        r#"
-    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: localhost
-        common_tls_context:
-          alpn_protocols: [h2]
-          tls_certificates:
-          - certificate_chain: {{filename: {crt}}}
-            private_key: {{filename: {key}}}
-          validation_context:
-            trusted_ca: {{filename: {ca}}}
-            match_typed_subject_alt_names: [{{san_type: DNS, matcher: {{exact: localhost}}}}]"#,
-        crt = pki.crt("envoy").display(),
-        key = pki.key("envoy").display(),
-        ca = pki.crt("ca").display(),
-    );
+    let transport = mtls_transport(&pki, "envoy");
     let envoy = run_envoy_with(&server, HEADER_ROUTES, "envoy-mtls-run", &transport).await;
     // failure_mode_deny is false: had the TLS call failed, Envoy would let every request
     // through, so the 429 shows the decision came from sluice over mTLS.
@@ -444,4 +468,189 @@ async fn a_draining_node_keeps_deciding_for_envoy_until_it_stops() {
     let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "drain")]).await;
     assert_eq!(status(&r), 200, "{r}");
     assert!(envoy_stat(&envoy, "cluster.backend.ratelimit.error").await >= 1);
+}
+
+/// Envoy Gateway's routes for one `BackendTrafficPolicy` rule with a distinct header match
+/// (its golden `distinct-match`): the route's generic key, the policy rule's, then the header
+/// under `rule-0-match-0`.
+const GATEWAY_ROUTES: &str = r#"
+              - match: {prefix: "/"}
+                route:
+                  cluster: backend
+                  rate_limits:
+                  - actions:
+                    - generic_key: {descriptor_key: first-route, descriptor_value: first-route}
+                    - generic_key: {descriptor_key: "test-namespace/test-policy-1/rule/0", descriptor_value: "test-namespace/test-policy-1/rule/0"}
+                    - request_headers: {header_name: x-user-id, descriptor_key: rule-0-match-0}"#;
+
+/// The rules Envoy Gateway pushes for those routes: one domain per listener, the route and the
+/// policy rule as nested exact nodes, and a key-only node (empty value) so each user has a
+/// counter of their own.
+fn gateway_rules(
+    per_hour: u32,
+) -> sluice::proto::ratelimit::config::ratelimit::v3::RateLimitConfig {
+    use sluice::proto::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    let node = |key: &str, value: &str, children, rate_limit| RateLimitDescriptor {
+        key: key.into(),
+        value: value.into(),
+        descriptors: children,
+        rate_limit,
+        ..RateLimitDescriptor::default()
+    };
+    let per_user = node(
+        "rule-0-match-0",
+        "",
+        Vec::new(),
+        Some(RateLimitPolicy {
+            unit: RateLimitUnit::Hour as i32,
+            requests_per_unit: per_hour,
+            ..RateLimitPolicy::default()
+        }),
+    );
+    let rule = "test-namespace/test-policy-1/rule/0";
+    RateLimitConfig {
+        name: "default/eg/http".into(),
+        domain: "default/eg/http".into(),
+        descriptors: vec![node(
+            "first-route",
+            "first-route",
+            vec![node(rule, rule, vec![per_user], None)],
+            None,
+        )],
+    }
+}
+
+/// sluice in Envoy Gateway's place: started as `/bin/ratelimit` with exactly the environment
+/// Envoy Gateway's deployment sets (paths, ports and addresses on this machine instead of the
+/// pod's), its rules from an xDS server over mutual TLS, Redis as its backend, and a real Envoy
+/// calling it over mutual TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_envoy_gateways_rate_limit_deployment() {
+    use common::pki::{Pki, Usage};
+    use common::xds::{MutualTls, XdsServer};
+    let pki = Pki::new("gateway");
+    // One CA; the control plane's certificate; the rate limit pod's one certificate (it serves
+    // gRPC with it and presents it to the control plane); Envoy's client certificate.
+    pki.ca("ca")
+        .leaf("ca", "envoy-gateway", "IP:127.0.0.1", Usage::Server)
+        .leaf("ca", "tls", "DNS:localhost,IP:127.0.0.1", Usage::Both)
+        .leaf("ca", "envoy", "DNS:envoy.internal", Usage::Client);
+    let xds = XdsServer::start(Some(MutualTls {
+        cert: pki.pem(&pki.crt("envoy-gateway")),
+        key: pki.pem(&pki.key("envoy-gateway")),
+        client_ca: pki.pem(&pki.crt("ca")),
+    }));
+    xds.set("1", vec![gateway_rules(3)]);
+    let redis = common::redis::RedisServer::start();
+
+    let (grpc, http, prometheus) = (free_port(), free_port(), free_port());
+    let bin = pki.dir.join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &bin).unwrap();
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let (crt, key, ca) = (
+        path(pki.crt("tls")),
+        path(pki.key("tls")),
+        path(pki.crt("ca")),
+    );
+    let env: Vec<(&str, String)> = vec![
+        // Always set by Envoy Gateway (internal/infrastructure/kubernetes/ratelimit).
+        ("RUNTIME_ROOT", "/data".into()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_IGNOREDOTFILES", "true".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+        ("USE_STATSD", "false".into()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
+        ("CONFIG_GRPC_XDS_SERVER_URL", xds.addr.to_string()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", crt.clone()),
+        ("GRPC_SERVER_TLS_KEY", key.clone()),
+        ("GRPC_SERVER_TLS_CA_CERT", ca.clone()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", crt),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        // Set with a Redis backend and Prometheus metrics.
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prometheus}")),
+        // The pod's ports are 8081 and 8080; here, free loopback ones.
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", grpc.to_string()),
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", http.to_string()),
+    ];
+    let _child = tokio::process::Command::new(&bin)
+        .env_clear()
+        .envs(env)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("ratelimit starts");
+    // Serving at once (FORCE_START_WITHOUT_INITIAL_CONFIG), then the rules arrive and are ACKed
+    // by the node Envoy Gateway keys its snapshots by.
+    wait_healthy(format!("127.0.0.1:{http}").parse().unwrap()).await;
+    let ack = xds
+        .wait_request("ACK of 1", |r| {
+            r.version_info == "1" && !r.response_nonce.is_empty() && r.error_detail.is_none()
+        })
+        .await;
+    assert_eq!(ack.node.unwrap().id, "envoy-ratelimit");
+
+    let transport = mtls_transport(&pki, "envoy");
+    let envoy = run_envoy_at(
+        grpc,
+        "default/eg/http",
+        GATEWAY_ROUTES,
+        "gateway-envoy",
+        &transport,
+    )
+    .await;
+    let user = |name: &'static str| async move {
+        status(&http_get_raw(envoy.front, "/", &[("x-user-id", name)]).await)
+    };
+    for i in 0..3 {
+        assert_eq!(user("alice").await, 200, "request {i}");
+    }
+    // failure_mode_deny is false: only a decision from sluice (over mTLS, from the rules that
+    // came over xDS, counted in Redis) makes this a 429.
+    assert_eq!(user("alice").await, 429);
+    assert_eq!(user("bob").await, 200, "a counter per user");
+    assert_eq!(envoy_stat(&envoy, "cluster.rls.ssl.handshake").await, 1);
+    // Envoy Gateway's dashboard: the reference's names on PROMETHEUS_ADDR, the route's key as
+    // key1 and the rest of the rule path as key2.
+    let prometheus = format!("127.0.0.1:{prometheus}").parse().unwrap();
+    let (code, text) = http_get(prometheus, "/metrics").await;
+    assert_eq!(code, 200);
+    let series = |name: &str| {
+        let prefix = format!(
+            "ratelimit_service_rate_limit_{name}{{domain=\"default/eg/http\",key1=\"first-route_first-route\",key2=\""
+        );
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(series("total_hits"), 5, "{text}");
+    assert_eq!(series("over_limit"), 1, "{text}");
+    assert_eq!(series("within_limit") + series("near_limit"), 4, "{text}");
+    // The counters live in Redis, each with a TTL.
+    let keys = redis.cli(&["--scan"]);
+    let first = keys.lines().next().expect("a counter in Redis");
+    let ttl: i64 = redis.cli(&["TTL", first]).trim().parse().unwrap();
+    assert!(ttl > 0, "{first}: ttl {ttl}");
+
+    // A new version from the control plane raises the limit for everyone.
+    xds.set("2", vec![gateway_rules(10)]);
+    xds.wait_request("ACK of 2", |r| {
+        r.version_info == "2" && r.error_detail.is_none()
+    })
+    .await;
+    assert_eq!(user("alice").await, 200);
+    drop(envoy);
+    std::fs::remove_dir_all(&pki.dir).unwrap();
 }

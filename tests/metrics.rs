@@ -96,3 +96,44 @@ async fn counts_per_rule_per_result_and_caps_detailed_series() {
     assert_eq!(value(&text, "sluice_rules_loaded"), 3);
     server.running.stop().await.unwrap();
 }
+
+/// Prometheus's own linter accepts the exposition: names, types, help, units, `_total` on
+/// counters.
+#[tokio::test]
+async fn promtool_accepts_the_exposition() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    for entries in [[("k", "a")], [("shadow", "s")], [("user", "u1")]] {
+        for _ in 0..3 {
+            let _ = client
+                .should_rate_limit(request("m", vec![descriptor(&entries)]))
+                .await;
+        }
+    }
+    let (status, text) = http_get(server.running.http_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let promtool = std::env::var("SLUICE_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = tokio::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("{promtool}: {e} (apt-get install prometheus, or set SLUICE_PROMTOOL)")
+        });
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(text.as_bytes()).await.unwrap();
+    }
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("sluice_rule_hits_total{"), "{text}");
+    server.running.stop().await.unwrap();
+}

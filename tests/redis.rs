@@ -785,6 +785,7 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         json: false,
         dynamic_metadata: false,
         grpc_tls: None,
+        reference_metrics: None,
     };
     let running = sluice::server::start(options, engine.clone())
         .await

@@ -54,6 +54,7 @@ async fn start_live(dir: &Path) -> Live {
         json: false,
         dynamic_metadata: false,
         grpc_tls: None,
+        reference_metrics: None,
     };
     let running = server::start(options, engine).await.unwrap();
     Live {

@@ -30,6 +30,7 @@ pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
         json: false,
         dynamic_metadata: false,
         grpc_tls: None,
+        reference_metrics: None,
     };
     let running = server::start(options, engine).await.unwrap();
     let addr = running.grpc_addr;

@@ -53,6 +53,31 @@ pub fn router<S: Store>(
         }))
 }
 
+/// The reference service's metric names (Envoy Gateway's dashboard reads them) at `path`, on a
+/// listener of their own as the reference serves them (`PROMETHEUS_ADDR`).
+pub fn reference_metrics(metrics: Arc<crate::metrics::Metrics>, path: &str) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics.render_reference() {
+                    Some(text) => (
+                        StatusCode::OK,
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                        .into_response(),
+                    None => (StatusCode::NOT_FOUND, "reference metrics are off\n").into_response(),
+                }
+            }
+        }),
+    )
+}
+
 /// One line per limit, like the reference service's `/rlconfig`, plus the algorithm. A rule
 /// whose limits come from the caller's plan has a line per plan and limit, `plan <name>` first.
 async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
@@ -137,7 +162,8 @@ async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Res
         Some(r) => {
             let s = r.status();
             serde_json::json!({
-                "path": r.path().display().to_string(),
+                "path": r.path().map(|p| p.display().to_string()),
+                "source": r.source(),
                 "domains": rules.domain_count(),
                 "rules": rules.rule_count(),
                 "loaded_at": s.loaded_at.map(seconds),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::parse::{RawDescriptor, RawLimit, RawPlan, parse};
+use super::parse::{RawDescriptor, RawFile, RawLimit, RawPlan, parse};
 use super::{
     Domain, KeyBranch, Level, MetricLevel, MetricMatch, Node, Place, Plan, PlanRef, PlanSource,
     Rule, RuleError, Tier, Unit,
@@ -28,6 +28,12 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
         domain: None,
         errors: vec![yaml_error(file, &e)],
     })?;
+    compile_raw(file, &raw)
+}
+
+/// Compiles rules already parsed (from a file, or decoded from an xDS resource); `file` names
+/// where they came from in errors.
+pub fn compile_raw(file: &str, raw: &RawFile) -> Result<Domain, FileErrors> {
     let mut c = Compiler {
         file,
         errors: Vec::new(),
@@ -40,7 +46,7 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
     if name.is_empty() {
         c.error("domain", "config file cannot have empty domain".into());
     }
-    c.plans(&raw);
+    c.plans(raw);
     let default_plan = match raw.default_plan.as_deref() {
         None => None,
         Some(p) => {
@@ -70,7 +76,7 @@ pub fn compile_file(file: &str, text: &str) -> Result<Domain, FileErrors> {
             }
         }
     }
-    let clients = c.clients(&raw, "clients");
+    let clients = c.clients(raw, "clients");
     if c.rule_count > MAX_RULES {
         c.error(
             "descriptors",

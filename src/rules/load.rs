@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use super::{RuleError, RuleErrors, RuleSet, compile_file};
+use super::parse::RawFile;
+use super::{Domain, FileErrors, RuleError, RuleErrors, RuleSet, compile_file, compile_raw};
 
 /// Files larger than this are rejected, so a runaway file cannot exhaust memory. Rules are
 /// small; a client map of a million API keys is about 30 MB.
@@ -98,12 +99,40 @@ pub fn load_texts_with<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
     options: LoadOptions,
 ) -> Result<RuleSet, RuleErrors> {
+    assemble(
+        files
+            .into_iter()
+            .map(|(name, text)| (name, compile_file(name, text))),
+        options,
+    )
+}
+
+/// Compiles rules already parsed (e.g. decoded from xDS resources), each named for its errors,
+/// into one rule set, exactly as files are.
+pub fn load_parsed_with<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a RawFile)>,
+    options: LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
+    assemble(
+        files
+            .into_iter()
+            .map(|(name, raw)| (name, compile_raw(name, raw))),
+        options,
+    )
+}
+
+/// One rule set from compiled files: domains joined (or a duplicate reported), client maps
+/// merged into their domains.
+fn assemble<'a>(
+    compiled: impl IntoIterator<Item = (&'a str, Result<Domain, FileErrors>)>,
+    options: LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
     let mut set = RuleSet::default();
     let mut seen = std::collections::HashSet::new();
     let mut errors = Vec::new();
     let mut maps = Vec::new();
-    for (name, text) in files {
-        let (domain, compiled) = match compile_file(name, text) {
+    for (name, result) in compiled {
+        let (domain, compiled) = match result {
             // A client map file joins its domain's rules once all files are read.
             Ok(domain) if domain.map_only => {
                 maps.push(domain);

@@ -17,9 +17,12 @@ use std::collections::HashMap;
 use std::fmt;
 
 pub use crate::counter::{KeyPart, Unit};
-pub use compile::{FileErrors, compile_file};
-pub use load::{LoadOptions, load_path, load_path_with, load_texts, load_texts_with};
-pub use parse::schema;
+pub use compile::{FileErrors, compile_file, compile_raw};
+pub use load::{
+    LoadOptions, MAX_FILE_BYTES, load_parsed_with, load_path, load_path_with, load_texts,
+    load_texts_with,
+};
+pub use parse::{RawDescriptor, RawFile, RawLimit, RawReplace, schema};
 pub use pattern::Pattern;
 
 use crate::limiter::Limit;

@@ -1,6 +1,7 @@
 //! Hot reload: watch the rules path, and on a change (debounced) or on demand (SIGHUP) load the
 //! whole set; a set that loads is swapped in atomically, a set with any error is rejected whole
-//! and the old rules keep serving.
+//! and the old rules keep serving. Rules pushed from elsewhere (xDS) go through the same gate,
+//! [`Reloader::offer`], so they are counted, logged and reported alike.
 //!
 //! The watch is on the directory (or, for a single file, on its parent), not recursive: that sees
 //! files created, written, removed and renamed, editors' save-by-rename, and the Kubernetes
@@ -31,7 +32,10 @@ pub struct ReloadStatus {
 type Apply = Box<dyn Fn(RuleSet) + Send + Sync>;
 
 pub struct Reloader {
-    path: PathBuf,
+    /// The rules files; None when the rules are pushed (xDS).
+    path: Option<PathBuf>,
+    /// Where the rules come from, for logs and the status endpoint.
+    source: String,
     load: LoadOptions,
     status: Mutex<ReloadStatus>,
     apply: Apply,
@@ -41,28 +45,46 @@ pub struct Reloader {
 impl std::fmt::Debug for Reloader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reloader")
-            .field("path", &self.path)
+            .field("source", &self.source)
             .finish()
     }
 }
 
 impl Reloader {
-    /// `apply` swaps a loaded set in; `initial` describes the set already serving.
+    /// Rules from files at `path`. `apply` swaps a loaded set in; `initial` describes the set
+    /// already serving.
     pub fn new(
         path: PathBuf,
         initial: &RuleSet,
         apply: impl Fn(RuleSet) + Send + Sync + 'static,
     ) -> Self {
+        let source = path.display().to_string();
+        Self::with_source(Some(path), source, Some(initial), Box::new(apply))
+    }
+
+    /// Rules that `source` (e.g. an xDS server) pushes through [`Reloader::offer`]; none serve
+    /// until the first arrives.
+    pub fn pushed(source: String, apply: impl Fn(RuleSet) + Send + Sync + 'static) -> Self {
+        Self::with_source(None, source, None, Box::new(apply))
+    }
+
+    fn with_source(
+        path: Option<PathBuf>,
+        source: String,
+        initial: Option<&RuleSet>,
+        apply: Apply,
+    ) -> Self {
         Self {
             path,
+            source,
             load: LoadOptions::default(),
             status: Mutex::new(ReloadStatus {
-                loaded_at: Some(SystemTime::now()),
-                domains: initial.domain_count(),
-                rules: initial.rule_count(),
+                loaded_at: initial.map(|_| SystemTime::now()),
+                domains: initial.map_or(0, RuleSet::domain_count),
+                rules: initial.map_or(0, RuleSet::rule_count),
                 ..ReloadStatus::default()
             }),
-            apply: Box::new(apply),
+            apply,
             metrics: None,
         }
     }
@@ -79,8 +101,19 @@ impl Reloader {
         self
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The rules files; None when the rules are pushed.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The loading options (as the serving set was loaded).
+    pub fn load_options(&self) -> LoadOptions {
+        self.load
+    }
+
+    /// Where the rules come from: the files' path, or the server that pushes them.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     pub fn status(&self) -> ReloadStatus {
@@ -90,9 +123,18 @@ impl Reloader {
             .clone()
     }
 
-    /// Loads the whole set now; swaps it in, or keeps the old one and records why.
+    /// Loads the whole set now; swaps it in, or keeps the old one and records why. Pushed
+    /// rules have nothing to load again: Ok.
     pub fn reload(&self) -> Result<(), RuleErrors> {
-        let result = load_path_with(&self.path, self.load);
+        let Some(path) = &self.path else {
+            tracing::info!(source = %self.source, "the rules are pushed; nothing to reload");
+            return Ok(());
+        };
+        self.offer(load_path_with(path, self.load))
+    }
+
+    /// Swaps a loaded set in, or keeps the old one and records why.
+    pub fn offer(&self, result: Result<RuleSet, RuleErrors>) -> Result<(), RuleErrors> {
         if let Some(m) = &self.metrics {
             m.observe_reload(result.is_ok());
         }
@@ -105,6 +147,7 @@ impl Reloader {
                 status.reloads_ok += 1;
                 status.last_error = None;
                 tracing::info!(
+                    source = %self.source,
                     domains = status.domains,
                     rules = status.rules,
                     "rules reloaded"
@@ -130,6 +173,9 @@ impl Reloader {
     /// Watches the rules path and reloads `debounce` after the last change of a burst. Runs
     /// until the returned guard is dropped.
     pub fn watch(self: &Arc<Self>, debounce: Duration) -> notify::Result<WatchGuard> {
+        let Some(path) = self.path.clone() else {
+            return Err(notify::Error::generic("pushed rules have no path to watch"));
+        };
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -138,11 +184,10 @@ impl Reloader {
                     let _ = tx.send(());
                 }
             })?;
-        let target = if self.path.is_dir() {
-            self.path.clone()
+        let target = if path.is_dir() {
+            path.clone()
         } else {
-            self.path
-                .parent()
+            path.parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
         };

@@ -48,6 +48,7 @@ pub async fn start_with_tls(
         json: true,
         dynamic_metadata: true,
         grpc_tls,
+        reference_metrics: None,
     };
     let running = server::start(options, engine).await.expect("server starts");
     TestServer { clock, running }
@@ -198,6 +199,7 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
 }
 pub mod pki;
 pub mod redis;
+pub mod xds;
 
 /// Waits (bounded) until a server process started by a test accepts connections.
 pub async fn wait_listening(addr: std::net::SocketAddr) {

@@ -13,6 +13,9 @@ pub struct Pki {
 pub enum Usage {
     Server,
     Client,
+    /// Both, as Envoy Gateway's one certificate for the rate limit service serves its gRPC
+    /// listener and presents it to the xDS server.
+    Both,
 }
 
 impl Pki {
@@ -67,6 +70,7 @@ impl Pki {
         let usage = match usage {
             Usage::Server => "serverAuth",
             Usage::Client => "clientAuth",
+            Usage::Both => "serverAuth,clientAuth",
         };
         std::fs::write(
             &ext,
