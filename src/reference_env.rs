@@ -115,9 +115,9 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             "Redis over a unix socket is not supported: use tcp",
         ),
         (
-            "REDIS_TYPE",
-            Some("sentinel"),
-            "Redis Sentinel is not supported yet",
+            "REDIS_SENTINEL_AUTH",
+            None,
+            "sentinels with a password are not supported: sluice asks them without one",
         ),
         (
             "REDIS_PERSECOND",
@@ -271,8 +271,14 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     let redis_type = set("REDIS_TYPE").map(|v| v.to_ascii_lowercase());
     let backend = match (set("BACKEND_TYPE"), redis_type.as_deref()) {
         (_, Some("cluster")) => Some("redis-cluster"),
-        (_, Some("single")) | (Some(_), None) => Some("redis"),
-        (_, Some(other)) => return Err(invalid("REDIS_TYPE", other, "expected single or cluster")),
+        (_, Some("single" | "sentinel")) | (Some(_), None) => Some("redis"),
+        (_, Some(other)) => {
+            return Err(invalid(
+                "REDIS_TYPE",
+                other,
+                "expected single, cluster or sentinel",
+            ));
+        }
         (None, None) => set("REDIS_URL").map(|_| "redis"),
     };
     if let Some(b) = backend {
@@ -288,22 +294,27 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             Some((user, pass)) => format!("{user}:{pass}@"),
             None => format!(":{a}@"),
         });
-        let urls: Vec<String> = url
-            .split(',')
-            .map(|hostport| {
-                format!(
-                    "{scheme}://{}{}",
-                    auth.clone().unwrap_or_default(),
-                    hostport.trim()
-                )
-            })
-            .collect();
-        flag(
-            &mut t,
-            "SLUICE_REDIS_URL",
-            "--redis-url",
-            Some(urls.join(",")),
-        );
+        let auth = auth.unwrap_or_default();
+        let url = if redis_type.as_deref() == Some("sentinel") {
+            // The reference's form: the master's name, then the sentinels.
+            let mut parts = url.split(',').map(str::trim);
+            let master = parts.next().unwrap_or_default();
+            let sentinels: Vec<&str> = parts.filter(|p| !p.is_empty()).collect();
+            if master.is_empty() || sentinels.is_empty() {
+                return Err(invalid(
+                    "REDIS_URL",
+                    &url,
+                    "with REDIS_TYPE=sentinel: master-name,sentinel-host:port[,...]",
+                ));
+            }
+            format!("{scheme}+sentinel://{auth}{}/{master}", sentinels.join(","))
+        } else {
+            url.split(',')
+                .map(|hostport| format!("{scheme}://{auth}{}", hostport.trim()))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        flag(&mut t, "SLUICE_REDIS_URL", "--redis-url", Some(url));
     }
     if let Some(n) = set("REDIS_POOL_SIZE") {
         flag(
@@ -657,7 +668,7 @@ mod tests {
         for (var, value) in [
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_SOCKET_TYPE", "unix"),
-            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_SENTINEL_AUTH", "secret"),
             ("USE_STATSD", "true"),
         ] {
             let e = run(&[(var, value)]).unwrap_err();
@@ -672,6 +683,29 @@ mod tests {
         ));
         assert!(matches!(
             run(&[("REDIS_TIMEOUT", "1.5s")]),
+            Err(ReferenceEnvError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_sentinel_deployment_names_its_master_and_sentinels() {
+        let t = run(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster, s1:26379, s2:26379"),
+            ("REDIS_AUTH", "pw"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t.flags,
+            [
+                "--backend",
+                "redis",
+                "--redis-url",
+                "redis+sentinel://:pw@s1:26379,s2:26379/mymaster"
+            ]
+        );
+        assert!(matches!(
+            run(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "mymaster")]),
             Err(ReferenceEnvError::Invalid { .. })
         ));
     }

@@ -357,15 +357,53 @@ async fn as_ratelimit_it_serves_from_the_references_environment() {
 async fn as_ratelimit_it_refuses_what_it_cannot_do_by_name() {
     let dir = common::temp_dir("as-reference-refused");
     let out = as_reference(&dir)
-        .env("REDIS_TYPE", "sentinel")
+        .env("BACKEND_TYPE", "memcache")
         .output()
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("REDIS_TYPE=sentinel: Redis Sentinel is not supported yet"),
+        stderr.contains("BACKEND_TYPE=memcache: memcache is not supported"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// As the reference service, a node whose Redis it has never reached is not healthy: every
+/// probe (`/healthcheck`, which Envoy Gateway uses for liveness, readiness and start-up, and
+/// `/readyz`) fails with the reason, and passes once Redis answers.
+#[tokio::test]
+async fn unhealthy_until_redis_is_reached() {
+    let mut redis = common::redis::RedisServer::start();
+    redis.kill();
+    let http = common::free_port();
+    let url = redis.url();
+    let _child = serve(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config")),
+        http,
+        &[
+            "--backend",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-connect-timeout",
+            "200ms",
+        ],
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_listening(addr).await;
+    let (status, body) = common::http_get(addr, "/healthcheck").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("backend has not been reached"), "{body}");
+    assert_eq!(common::http_get(addr, "/readyz").await.0, 503);
+    assert_eq!(
+        common::http_get(addr, "/livez").await.0,
+        200,
+        "alive all the same: a restart would not bring Redis back"
+    );
+
+    redis.restart();
+    common::wait_healthy(addr).await;
+    assert_eq!(common::http_get(addr, "/readyz").await.0, 200);
 }

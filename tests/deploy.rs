@@ -65,10 +65,7 @@ fn kubernetes_manifests_parse_and_are_production_shaped() {
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     let container = &pod["containers"][0];
-    assert_eq!(
-        container["livenessProbe"]["httpGet"]["path"],
-        "/healthcheck"
-    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert!(container["resources"]["requests"]["cpu"].is_string());
     let service = kind("Service");

@@ -581,6 +581,9 @@ async fn as_envoy_gateways_rate_limit_deployment() {
         ("PROMETHEUS_ADDR", format!("127.0.0.1:{prometheus}")),
         // The pod's ports are 8081 and 8080; here, free loopback ones.
         ("GRPC_HOST", "127.0.0.1".into()),
+        // Not Envoy Gateway's: this test counts decisions in Redis, and on a loaded test machine
+        // a call may outlast the 10 ms default; its failure policy would then answer alone.
+        ("SLUICE_REDIS_TIMEOUT", "1s".into()),
         ("GRPC_PORT", grpc.to_string()),
         ("HOST", "127.0.0.1".into()),
         ("PORT", http.to_string()),

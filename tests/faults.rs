@@ -1,7 +1,8 @@
 //! The fault suite: three sluice nodes (each the production store stack, as `sluice serve`
 //! builds it) share one Redis under concurrent load while the test breaks it with real
 //! processes — paused (SIGSTOP), killed and restarted, made slow (`DEBUG SLEEP`), and a Redis
-//! Cluster master killed so its replica takes over. For each fault:
+//! Cluster master killed so its replica takes over, and a Sentinel-watched master killed so the
+//! sentinels promote its replica. For each fault:
 //!
 //! - every call is answered within `--redis-timeout` and a margin;
 //! - while Redis cannot answer, by the rule's failure policy (`deny`, `allow`, `local`);
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer, shared_config};
+use common::redis::{RedisCluster, RedisSentinels, RedisServer, shared_config};
 use sluice::clock::{Clock, SystemClock};
 use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
 use sluice::rules::load_texts;
@@ -416,4 +417,107 @@ async fn cluster_master_killed_and_its_replica_promoted() {
         healed,
         windows_since(started_us),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_killed_and_its_replica_promoted() {
+    let _serial = SERIAL.lock().await;
+    let started_us = SystemClock.now_micros();
+    let mut set = RedisSentinels::start();
+    let topology = Topology::Standalone(set.url());
+    let nodes: Vec<_> = (0..NODES).map(|_| node(&topology)).collect();
+    let load = Load::start(&nodes);
+    tokio::time::sleep(SETTLE).await;
+    assert!(
+        set.master.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
+        "the nodes found the master through the sentinels"
+    );
+    load.enter(DURING);
+    set.master.kill();
+    // Healed when every sentinel names the replica, and it has taken the master's role.
+    let replica = set.replica.port;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let agreed = set.master_port_agreed() == Some(replica);
+        let promoted = set.replica.cli(&["ROLE"]).starts_with("master");
+        if agreed && promoted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels never promoted the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let healed = Instant::now();
+    load.enter(AFTER);
+    tokio::time::sleep(AFTERWARDS).await;
+    let figures = load.finish().await;
+    assert!(
+        set.replica.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
+        "the nodes write to the promoted replica"
+    );
+    assert_trustworthy(
+        "sentinel master killed, replica promoted",
+        &figures,
+        healed,
+        windows_since(started_us),
+    );
+}
+
+/// A failover the sentinels make on purpose: the old master lives on as a replica (its writes
+/// refused with READONLY), and every node moves to the new master by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
+    let _serial = SERIAL.lock().await;
+    let set = RedisSentinels::start();
+    let engine = node(&Topology::Standalone(set.url()));
+    let call = |value: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let request = Request {
+                domain: "z".into(),
+                descriptors: vec![Descriptor::of(&[("fixed_window", value)], 1)],
+            };
+            engine.decide(&request).await.expect("policy deny answers")
+        }
+    };
+    // Connected through the sentinels (the first calls may come before the connections).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while call("before").await.by_policy {
+        assert!(Instant::now() < deadline, "never reached the master");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    set.failover();
+    let (old, new) = (set.master.port, set.replica.port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while set.master_port_agreed() != Some(new)
+        || !common::redis::redis_cli(old, &["ROLE"]).starts_with("slave")
+    {
+        assert!(Instant::now() < deadline, "the failover never completed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let healed = Instant::now();
+    // Every call is decided by Redis again within a second, on the new master.
+    let mut by_redis = 0;
+    let mut admitted = 0;
+    while by_redis < 60 {
+        let decision = call("after").await;
+        if decision.by_policy {
+            assert!(
+                healed.elapsed() < Duration::from_secs(1),
+                "still decided by policy {:?} after the failover",
+                healed.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        by_redis += 1;
+        if decision.code == Code::Ok {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, LIMIT, "the new master holds the counter, exactly");
+    let keys = common::redis::redis_cli(new, &["--scan"]);
+    assert!(keys.lines().count() >= 2, "{keys}");
 }

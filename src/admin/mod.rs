@@ -36,6 +36,7 @@ pub fn router<S: Store>(
 ) -> Router {
     let router = Router::new()
         .route("/healthcheck", get(healthcheck::<S>))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz::<S>));
     let router = if json {
         router.route("/json", post(json_call::<S>))
@@ -181,11 +182,26 @@ async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Res
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
+/// Liveness for Kubernetes: the process answers. It asks nothing of the backend or the drain, so
+/// a node that starts while Redis is down (serving by its failure policy) or that is draining is
+/// never restarted for it; readiness (`/readyz`) is what takes such a node out of rotation.
+async fn livez() -> &'static str {
+    "OK\n"
+}
+
+/// The reference service's health check (Envoy Gateway's every probe): serving, and the
+/// backend reached once since the start.
 async fn healthcheck<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    if state.serving.load(Ordering::Acquire) {
-        (StatusCode::OK, "OK\n").into_response()
-    } else {
+    if !state.serving.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "NOT SERVING\n").into_response()
+    } else if !state.service.engine().store().report().backend_reached {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT SERVING: the rate limit backend has not been reached yet\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "OK\n").into_response()
     }
 }
 
@@ -226,6 +242,12 @@ async fn readyz<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "NOT SERVING: shutting down\n",
+        )
+            .into_response()
+    } else if !store.backend_reached {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT READY: the rate limit backend has not been reached yet\n",
         )
             .into_response()
     } else if !store.ready() {

@@ -200,6 +200,8 @@ pub struct StoreStatus {
     pub breaker: Option<BreakerState>,
     /// Calls are still answered while the backend is down (false when the policy is `error`).
     pub serves_without_backend: bool,
+    /// The backend has been reached at least once since the start (always, without one).
+    pub backend_reached: bool,
 }
 
 impl Default for StoreStatus {
@@ -211,6 +213,7 @@ impl Default for StoreStatus {
             policy_decisions: None,
             breaker: None,
             serves_without_backend: true,
+            backend_reached: true,
         }
     }
 }
@@ -221,9 +224,11 @@ impl StoreStatus {
         self.breaker.is_none_or(|b| b == BreakerState::Closed)
     }
 
-    /// Ready to take traffic: the backend is up, or the failure policy answers without it.
+    /// Ready to take traffic: the backend has been reached since the start (a node that never
+    /// could is misconfigured or cut off, as the reference service treats it), and it is up or
+    /// the failure policy answers without it.
     pub fn ready(&self) -> bool {
-        self.backend_up() || self.serves_without_backend
+        self.backend_reached && (self.backend_up() || self.serves_without_backend)
     }
 }
 

@@ -345,3 +345,128 @@ pub fn shared_config(
         },
     ))
 }
+
+/// A master, one replica and three sentinels watching them (quorum 2, the master declared down
+/// after 400 ms), all real processes on free loopback ports.
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<SentinelProcess>,
+}
+
+struct SentinelProcess {
+    port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub const SENTINEL_MASTER: &str = "mymaster";
+
+impl RedisSentinels {
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let replica = RedisServer::start();
+        replica.cli(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+        wait_until("the replica in sync", || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let sentinels: Vec<SentinelProcess> = (0..3)
+            .map(|_| {
+                let port = free_port_pair();
+                let dir = super::temp_dir(&format!("sentinel-{port}"));
+                // Sentinels rewrite their configuration: a file of their own, writable.
+                let conf = dir.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                         sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                         sentinel down-after-milliseconds {SENTINEL_MASTER} 400\n\
+                         sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+                        dir.display(),
+                        master.port
+                    ),
+                )
+                .unwrap();
+                let child = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server --sentinel starts");
+                SentinelProcess { port, dir, child }
+            })
+            .collect();
+        let set = Self {
+            master,
+            replica,
+            sentinels,
+        };
+        // Each sentinel knows the replica and the two other sentinels: a failover can be
+        // authorised and has somewhere to go.
+        for s in &set.sentinels {
+            wait_until("the sentinels to see each other and the replica", || {
+                let replicas = redis_cli(s.port, &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                let peers = redis_cli(s.port, &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
+                replicas.contains(&set.replica.port.to_string())
+                    && peers.matches("127.0.0.1").count() >= 2
+            });
+        }
+        set
+    }
+
+    /// `redis+sentinel://` naming every sentinel and the master.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// `SENTINEL FAILOVER`: the sentinels promote the replica and demote the (live) master.
+    pub fn failover(&self) {
+        let out = redis_cli(
+            self.sentinels[0].port,
+            &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
+        );
+        assert!(out.contains("OK"), "SENTINEL FAILOVER: {out}");
+    }
+
+    /// The port every sentinel now names as the master's.
+    pub fn master_port_agreed(&self) -> Option<u16> {
+        let ports: Vec<Option<u16>> = self
+            .sentinels
+            .iter()
+            .map(|s| {
+                let out = redis_cli(
+                    s.port,
+                    &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+                );
+                out.lines().nth(1).and_then(|p| p.trim().parse().ok())
+            })
+            .collect();
+        let first = ports[0]?;
+        ports.iter().all(|p| *p == Some(first)).then_some(first)
+    }
+}
+
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ok() {
+        assert!(Instant::now() < deadline, "waited too long for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -14,6 +14,7 @@
 //! script call, not for a TCP and TLS handshake.
 
 mod script;
+mod sentinel;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,8 @@ pub use script::LIMITER_SCRIPT;
 /// Where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topology {
-    /// `redis://[user:pass@]host:port[/db]` (or `rediss://`).
+    /// `redis://[user:pass@]host:port[/db]` (or `rediss://`), or a master found through Redis
+    /// Sentinel: `redis+sentinel://[user:pass@]host:port[,host:port...]/master[/db]`.
     Standalone(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
@@ -72,12 +74,15 @@ struct Pool {
     conns: Connections,
     /// A background task is making the missing connections.
     filling: AtomicBool,
+    /// A connection has been made at least once (until then the node is not healthy, as the
+    /// reference service is not before it reaches Redis).
+    reached: AtomicBool,
     connect_timeout: Duration,
 }
 
 enum Connections {
     Standalone {
-        client: redis::Client,
+        client: Target,
         config: ConnectionManagerConfig,
         conns: Vec<ArcSwapOption<ConnectionManager>>,
         next: AtomicUsize,
@@ -86,6 +91,13 @@ enum Connections {
         client: ClusterClient,
         conn: ArcSwapOption<ClusterConnection>,
     },
+}
+
+/// Where a standalone pool connects.
+enum Target {
+    Server(redis::Client),
+    /// The master the sentinels name at the time of connecting.
+    Sentinel(sentinel::Sentinels),
 }
 
 impl Pool {
@@ -131,7 +143,10 @@ impl Pool {
                 let mut all = true;
                 for slot in conns.iter().filter(|s| s.load().is_none()) {
                     match self.connect_standalone(client, config).await {
-                        Ok(conn) => slot.store(Some(Arc::new(conn))),
+                        Ok(conn) => {
+                            slot.store(Some(Arc::new(conn)));
+                            self.reached.store(true, Ordering::Release);
+                        }
                         Err(e) => {
                             tracing::debug!(error = %RedisFailure::of(&e), "cannot connect to Redis yet");
                             all = false;
@@ -148,6 +163,7 @@ impl Pool {
                 match self.connect_cluster(client).await {
                     Ok(c) => {
                         conn.store(Some(Arc::new(c)));
+                        self.reached.store(true, Ordering::Release);
                         true
                     }
                     Err(e) => {
@@ -161,10 +177,14 @@ impl Pool {
 
     async fn connect_standalone(
         &self,
-        client: &redis::Client,
+        target: &Target,
         config: &ConnectionManagerConfig,
     ) -> redis::RedisResult<ConnectionManager> {
-        let connect = ConnectionManager::new_with_config(client.clone(), config.clone());
+        let client = match target {
+            Target::Server(client) => client.clone(),
+            Target::Sentinel(sentinels) => sentinels.locate(self.connect_timeout).await?,
+        };
+        let connect = ConnectionManager::new_with_config(client, config.clone());
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(result) => result,
             Err(_) => Err(connect_timed_out()),
@@ -202,6 +222,7 @@ impl Pool {
                         // None made yet (Redis was down): this call connects, bounded by its
                         // own timeout, and the rest follow in the background.
                         let conn = self.connect_standalone(client, config).await?;
+                        self.reached.store(true, Ordering::Release);
                         conns[start % conns.len()].store(Some(Arc::new(conn.clone())));
                         self.fill_in_background();
                         conn
@@ -214,6 +235,7 @@ impl Pool {
                     Some(c) => (*c).clone(),
                     None => {
                         let c = self.connect_cluster(client).await?;
+                        self.reached.store(true, Ordering::Release);
                         conn.store(Some(Arc::new(c.clone())));
                         c
                     }
@@ -248,6 +270,8 @@ pub enum RedisConfigError {
     BracesInPrefix,
     #[error("invalid Redis URL: {0}")]
     Url(String),
+    #[error("invalid Redis Sentinel URL: {0}")]
+    Sentinel(#[from] sentinel::SentinelUrlError),
 }
 
 impl RedisStore {
@@ -262,7 +286,11 @@ impl RedisStore {
         let url_error = |e: redis::RedisError| RedisConfigError::Url(redact(&e.to_string()));
         let conns = match &options.topology {
             Topology::Standalone(url) => Connections::Standalone {
-                client: redis::Client::open(url.as_str()).map_err(url_error)?,
+                client: if sentinel::is_sentinel_url(url) {
+                    Target::Sentinel(sentinel::Sentinels::parse(url)?)
+                } else {
+                    Target::Server(redis::Client::open(url.as_str()).map_err(url_error)?)
+                },
                 config: ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(options.connect_timeout))
                     .set_number_of_retries(1)
@@ -293,6 +321,7 @@ impl RedisStore {
             pool: Arc::new(Pool {
                 conns,
                 filling: AtomicBool::new(false),
+                reached: AtomicBool::new(false),
                 connect_timeout: options.connect_timeout,
             }),
             script: redis::Script::new(LIMITER_SCRIPT),
@@ -356,7 +385,13 @@ impl RedisStore {
                     // The cluster client's own response timeout.
                     return StoreError::Timeout(self.timeout);
                 }
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                // READONLY: the server was demoted to a replica (a Sentinel failover); new
+                // connections find the new master.
+                if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.code() == Some("READONLY")
+                {
                     self.pool.reset();
                 }
                 StoreError::unavailable(RedisFailure::of(&e))
@@ -403,6 +438,10 @@ fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
 }
 
 impl Store for RedisStore {
+    fn status(&self, status: &mut crate::store::StoreStatus) {
+        status.backend_reached = self.pool.reached.load(Ordering::Acquire);
+    }
+
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let now = self
             .pinned
