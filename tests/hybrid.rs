@@ -67,10 +67,10 @@ fn hit(key: &str) -> Request {
     }
 }
 
-fn evalsha(ports: &[u16]) -> u64 {
+fn script_calls(ports: &[u16]) -> u64 {
     ports
         .iter()
-        .map(|&p| commandstat(&redis_cli(p, &["INFO", "commandstats"]), "evalsha"))
+        .map(|&p| commandstat(&redis_cli(p, &["INFO", "commandstats"]), "fcall"))
         .sum()
 }
 
@@ -101,7 +101,7 @@ async fn fleet_run(topology: &Topology, ports: &[u16], key: &str) -> (Vec<u64>, 
     let clock = Arc::new(ManualClock::new(1_900_000_000 * S));
     let nodes: Vec<Node> = (0..4).map(|_| node(topology, &clock, RULES)).collect();
     let limit = 300;
-    let calls_before = evalsha(ports);
+    let calls_before = script_calls(ports);
     let mut per_window = Vec::new();
     let mut decisions = 0;
     let (mut previous, mut current) = (0u64, 0u64);
@@ -122,7 +122,7 @@ async fn fleet_run(topology: &Topology, ports: &[u16], key: &str) -> (Vec<u64>, 
         per_window.push(current);
         (previous, current) = (current, 0);
     }
-    (per_window, evalsha(ports) - calls_before, decisions)
+    (per_window, script_calls(ports) - calls_before, decisions)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +137,7 @@ async fn a_hybrid_fleet_never_admits_more_than_the_limit_in_any_window() {
         for key in ["fixed_window", "sliding_window"] {
             let (per_window, calls, decisions) = fleet_run(&topology, &ports, key).await;
             eprintln!(
-                "{key} on {topology:?}: admitted per window {per_window:?} of 300; {calls} EVALSHA for {decisions} decisions"
+                "{key} on {topology:?}: admitted per window {per_window:?} of 300; {calls} FCALL for {decisions} decisions"
             );
             // Leases and the over-limit cache do their job: a fixed window is denied until it
             // ends, so few Redis calls; a sliding window at its limit frees a slot every few
@@ -160,14 +160,14 @@ async fn at_a_steady_rate_a_node_calls_redis_for_under_5_percent_of_decisions() 
     let n = node(&Topology::Standalone(redis.url()), &clock, RULES);
     let limit_free = "domain: h\ndescriptors:\n  - key: k\n    mode: hybrid\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n";
     n.replace_rules(load_texts([("h.yaml", limit_free)]).unwrap());
-    let before = evalsha(&[redis.port]);
+    let before = script_calls(&[redis.port]);
     // 2 000 requests per second for 5 seconds.
     for _ in 0..10_000 {
         assert_eq!(n.decide(&hit("k")).await.unwrap().code, Code::Ok);
         clock.advance(500);
     }
-    let calls = evalsha(&[redis.port]) - before;
-    eprintln!("{calls} EVALSHA for 10000 decisions");
+    let calls = script_calls(&[redis.port]) - before;
+    eprintln!("{calls} FCALL for 10000 decisions");
     assert!(calls * 20 < 10_000, "{calls} Redis calls");
 }
 

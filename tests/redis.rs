@@ -91,6 +91,32 @@ fn pinned_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<RedisSt
     )
 }
 
+/// Where Redis has no Functions (Redis 6, or an ACL or proxy refusing them), the same code runs
+/// as a script: the same decisions, by EVALSHA.
+#[tokio::test]
+async fn without_functions_the_limiter_runs_as_a_script() {
+    let redis = RedisServer::start_without_functions();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![descriptor(&[("fixed", "a")], 1, false)],
+    };
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        codes.push(engine.decide(&request).await.unwrap().code);
+    }
+    // 5 a second.
+    assert_eq!(
+        codes.iter().filter(|c| **c == Code::Ok).count(),
+        5,
+        "{codes:?}"
+    );
+    let info = redis.cli(&["INFO", "commandstats"]);
+    assert!(commandstat(&info, "evalsha") >= 7, "{info}");
+    assert_eq!(commandstat(&info, "fcall"), 0, "{info}");
+}
+
 /// xorshift64*: a reproducible sequence without another dependency.
 struct Rng(u64);
 
@@ -394,21 +420,24 @@ async fn one_script_call_per_slot_group() {
         ],
     };
     let allowed = |d: Decision| assert_eq!(d.code, Code::Ok, "no rollback calls in this test");
-    engine.decide(&request).await.unwrap(); // loads the script
+    engine.decide(&request).await.unwrap(); // loads the library
     redis.cli(&["CONFIG", "RESETSTAT"]);
     for _ in 0..20 {
         clock.advance(5 * S);
         allowed(engine.decide(&request).await.unwrap());
     }
     let info = redis.cli(&["INFO", "commandstats"]);
-    assert_eq!(commandstat(&info, "evalsha"), 20, "{info}");
-    // INFO commandstats also counts what the script runs (GET, SET, ...); of the commands only a
-    // client sends, there is none but EVALSHA: no health-check PING, no EVAL, no SCRIPT LOAD.
-    for client_only in ["ping", "unwatch", "eval", "script", "multi", "exec"] {
+    assert_eq!(commandstat(&info, "fcall"), 20, "{info}");
+    // INFO commandstats also counts what the function runs (GET, SET, ...); of the commands only
+    // a client sends, there is none but FCALL: no health-check PING, no script, no second
+    // FUNCTION LOAD.
+    for client_only in [
+        "ping", "unwatch", "eval", "evalsha", "script", "function", "multi", "exec",
+    ] {
         assert_eq!(commandstat(&info, client_only), 0, "{client_only}: {info}");
     }
 
-    // In a cluster: 3 descriptors in (most likely) 3 slots, one EVALSHA each, and all 5 limits
+    // In a cluster: 3 descriptors in (most likely) 3 slots, one FCALL each, and all 5 limits
     // of `tiers` in one slot.
     let cluster = RedisCluster::start();
     let engine = pinned_engine(Topology::Cluster(cluster.urls()), &clock);
@@ -423,7 +452,7 @@ async fn one_script_call_per_slot_group() {
     let calls: u64 = cluster
         .nodes
         .iter()
-        .map(|n| commandstat(&n.cli(&["INFO", "commandstats"]), "evalsha"))
+        .map(|n| commandstat(&n.cli(&["INFO", "commandstats"]), "fcall"))
         .sum();
     assert!((10..=30).contains(&calls), "{calls}");
 }
@@ -809,8 +838,14 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
             .status
         }
     };
-    assert_eq!(common::http_get(http, "/readyz").await.0, 200);
-    assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+    // Ready once the connections made in the background have reached Redis.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while common::http_get(http, "/readyz").await.0 != 200
+        || status(&mut health).await != ServingStatus::Serving as i32
+    {
+        assert!(Instant::now() < deadline, "never ready with Redis up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     redis.kill();
     for _ in 0..5 {
@@ -871,11 +906,11 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
         domain: "o".into(),
         descriptors: vec![descriptor(&[("k", "hot")], hits, false)],
     };
-    let evalsha = || commandstat(&redis.cli(&["INFO", "commandstats"]), "evalsha");
+    let script_calls = || commandstat(&redis.cli(&["INFO", "commandstats"]), "fcall");
     assert_eq!(engine.decide(&hot(2)).await.unwrap().code, Code::Ok);
     let first = engine.decide(&hot(1)).await.unwrap();
     assert_eq!(first.code, Code::OverLimit);
-    let calls = evalsha();
+    let calls = script_calls();
     // Denied here, with the same answer, and no Redis call.
     clock.advance(10 * S);
     for _ in 0..50 {
@@ -887,10 +922,10 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
             Some(first.retry_after_us.unwrap() - 10 * S)
         );
     }
-    assert_eq!(evalsha(), calls, "no Redis call for a cached denial");
+    assert_eq!(script_calls(), calls, "no Redis call for a cached denial");
     // A probe still asks Redis (it asks for nothing, so no denial applies to it).
     assert_eq!(engine.decide(&hot(0)).await.unwrap().code, Code::Ok);
-    assert_eq!(evalsha(), calls + 1);
+    assert_eq!(script_calls(), calls + 1);
     // With another descriptor: Redis decides the whole request, so every status is its own
     // (the other at its real hits, as memory reports it); the denied batch consumes nothing.
     let both = Request {
@@ -906,11 +941,11 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
         (d.statuses[1].code, d.statuses[1].remaining),
         (Code::Ok, 10)
     );
-    assert_eq!(evalsha(), calls + 2);
+    assert_eq!(script_calls(), calls + 2);
     // When the window ends, the counter fits again: Redis decides.
     clock.advance(first.retry_after_us.unwrap());
     assert_eq!(engine.decide(&hot(1)).await.unwrap().code, Code::Ok);
-    assert_eq!(evalsha(), calls + 3);
+    assert_eq!(script_calls(), calls + 3);
     assert_eq!(
         engine.store().report().cached_denials,
         Some(0),

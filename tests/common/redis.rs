@@ -11,6 +11,8 @@ pub struct RedisServer {
     cluster: Option<u32>,
     /// Serves TLS only (self-signed certificate made with openssl).
     tls: bool,
+    /// More `redis-server` arguments.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -62,6 +64,24 @@ impl RedisServer {
         Self::spawn(None, false)
     }
 
+    /// A server without Redis Functions (`FUNCTION` and `FCALL` renamed away), as Redis 6 is.
+    pub fn start_without_functions() -> Self {
+        let mut server = Self::spawn(None, false);
+        server.kill();
+        server.extra = ["FUNCTION", "FCALL"]
+            .iter()
+            .flat_map(|c| {
+                [
+                    "--rename-command".to_owned(),
+                    (*c).to_owned(),
+                    String::new(),
+                ]
+            })
+            .collect();
+        server.restart();
+        server
+    }
+
     /// A TLS-only server with a fresh self-signed certificate.
     pub fn start_tls() -> Self {
         Self::spawn(None, true)
@@ -100,6 +120,7 @@ impl RedisServer {
             dir,
             cluster,
             tls,
+            extra: Vec::new(),
             child: None,
         };
         server.restart();
@@ -144,6 +165,7 @@ impl RedisServer {
             .stderr(Stdio::null());
         // DEBUG SLEEP makes Redis slow on purpose (the fault tests); local connections only.
         cmd.args(["--enable-debug-command", "local"]);
+        cmd.args(&self.extra);
         if let Some(timeout_ms) = self.cluster {
             cmd.args(["--cluster-enabled", "yes"])
                 .args(["--cluster-node-timeout", &timeout_ms.to_string()])

@@ -31,6 +31,7 @@ use crate::clock::Clock;
 use crate::limiter::Verdict;
 
 pub use script::LIMITER_SCRIPT;
+use script::{Call, Limiter};
 
 /// Where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +204,8 @@ impl Pool {
 
     async fn invoke(
         self: &Arc<Self>,
-        invocation: &redis::ScriptInvocation<'_>,
+        limiter: &Limiter,
+        call: &Call<'_>,
     ) -> redis::RedisResult<Vec<i64>> {
         match &self.conns {
             Connections::Standalone {
@@ -228,7 +230,7 @@ impl Pool {
                         conn
                     }
                 };
-                invocation.invoke_async(&mut conn).await
+                limiter.run(&mut conn, call).await
             }
             Connections::Cluster { client, conn } => {
                 let mut conn = match conn.load_full() {
@@ -240,7 +242,7 @@ impl Pool {
                         c
                     }
                 };
-                invocation.invoke_async(&mut conn).await
+                limiter.run(&mut conn, call).await
             }
         }
     }
@@ -255,7 +257,7 @@ fn connect_timed_out() -> redis::RedisError {
 
 pub struct RedisStore {
     pool: Arc<Pool>,
-    script: redis::Script,
+    limiter: Limiter,
     prefix: Vec<u8>,
     timeout: Duration,
     /// Tests only: a time for the script instead of Redis `TIME`.
@@ -324,7 +326,7 @@ impl RedisStore {
                 reached: AtomicBool::new(false),
                 connect_timeout: options.connect_timeout,
             }),
-            script: redis::Script::new(LIMITER_SCRIPT),
+            limiter: Limiter::default(),
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
@@ -358,8 +360,8 @@ impl RedisStore {
         now: &str,
         refund_all: bool,
     ) -> Result<GroupReply, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(now);
+        let mut call_keys: Vec<&[u8]> = Vec::with_capacity(indices.len());
+        let mut args: Vec<u64> = Vec::with_capacity(9 * indices.len());
         for &i in indices {
             let c = &checks[i];
             let kind = match (refund_all, c.kind) {
@@ -367,35 +369,45 @@ impl RedisStore {
                 (false, CheckKind::Enforce) => 1,
                 (false, CheckKind::Shadow) => 2,
             };
-            invocation
-                .key(&keys[i][..])
-                .arg(kind)
-                .arg(c.limit.algorithm.id())
-                .arg(c.hits)
-                .arg(c.limit.requests)
-                .arg(c.limit.period_us)
-                .arg(c.limit.burst)
-                .arg(c.limit.tick_us)
-                .arg(c.until_us)
-                .arg(c.limit.overdraft_cap());
+            call_keys.push(&keys[i]);
+            args.extend([
+                kind,
+                u64::from(c.limit.algorithm.id()),
+                c.hits,
+                c.limit.requests,
+                c.limit.period_us,
+                c.limit.burst,
+                c.limit.tick_us,
+                c.until_us,
+                c.limit.overdraft_cap(),
+            ]);
         }
+        let script_call = Call {
+            keys: &call_keys,
+            now,
+            args: &args,
+        };
         let call = async {
-            let reply = self.pool.invoke(&invocation).await.map_err(|e| {
-                if e.is_timeout() {
-                    // The cluster client's own response timeout.
-                    return StoreError::Timeout(self.timeout);
-                }
-                // READONLY: the server was demoted to a replica (a Sentinel failover); new
-                // connections find the new master.
-                if e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    || e.code() == Some("READONLY")
-                {
-                    self.pool.reset();
-                }
-                StoreError::unavailable(RedisFailure::of(&e))
-            })?;
+            let reply = self
+                .pool
+                .invoke(&self.limiter, &script_call)
+                .await
+                .map_err(|e| {
+                    if e.is_timeout() {
+                        // The cluster client's own response timeout.
+                        return StoreError::Timeout(self.timeout);
+                    }
+                    // READONLY: the server was demoted to a replica (a Sentinel failover); new
+                    // connections find the new master.
+                    if e.is_io_error()
+                        || e.is_connection_dropped()
+                        || e.is_connection_refusal()
+                        || e.code() == Some("READONLY")
+                    {
+                        self.pool.reset();
+                    }
+                    StoreError::unavailable(RedisFailure::of(&e))
+                })?;
             parse_reply(&reply, indices.len())
         };
         match tokio::time::timeout(self.timeout, call).await {

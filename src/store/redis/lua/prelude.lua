@@ -1,5 +1,16 @@
 -- sluice: shared helpers for the limiter scripts. Every number stays an integer below 2^53,
 -- which a Lua double holds exactly; division is corrected so it is exact floor division.
+--
+-- The scripts are loaded once as a Redis Functions library (script.rs): the code at this level
+-- runs at load time, and each call runs only `batch`. So nothing here may hold per-call state
+-- except what `batch` sets at its start (`ttl_pad_ms`).
+--
+-- A limit travels as five numbers, in this order in every algorithm's signature: requests,
+-- period (µs), burst, tick (µs), cap (an overdraft limit's most recorded usage; 0 otherwise).
+-- An algorithm's `decide` returns allowed, remaining, reset_after_us, retry_after_us and, when
+-- the check would change the state, up to three numbers that its `commit` writes (nil: nothing
+-- to write). Multiple values instead of a verdict table and a commit closure: a call allocates
+-- no table of its own for a verdict.
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -33,29 +44,27 @@ end
 -- TTL is rounded up to the millisecond).
 local ttl_pad_ms = 0
 
--- A state kept as space-separated integers in a string key.
+-- A state kept as two or three space-separated integers in a string key ("a b" or "a b c"):
+-- the numbers, or nil when there is no state (or one this version cannot read).
 local function load_ints(key)
   local v = redis.call('GET', key)
   if not v then return nil end
-  local out = {}
-  for n in string.gmatch(v, '%d+') do out[#out + 1] = tonumber(n) end
-  return out
+  local a, b, c = string.match(v, '^(%d+) (%d+) ?(%d*)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b), tonumber(c)
 end
 
--- Writes `ints` with a TTL until `expires_at` (the state is empty then), or deletes the key
--- when the state is empty now. No key is ever written without a TTL.
-local function store_ints(key, ints, expires_at, now)
-  if ints == nil then
-    redis.call('DEL', key)
-    return
-  end
-  local parts = {}
-  for i, n in ipairs(ints) do parts[i] = string.format('%.0f', n) end
+local function ttl_arg(expires_at, now)
   local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000)) + ttl_pad_ms
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', string.format('%.0f', ttl_ms))
+  return string.format('%.0f', ttl_ms)
+end
+
+-- Writes `text` (from `string.format`) with a TTL until `expires_at`, when the state is empty
+-- anyway. No key is ever written without a TTL.
+local function store_text(key, text, expires_at, now)
+  redis.call('SET', key, text, 'PX', ttl_arg(expires_at, now))
 end
 
 local function expire_at(key, expires_at, now)
-  local ttl_ms = math.max(1, ceil_div(math.max(expires_at - now, 0), 1000)) + ttl_pad_ms
-  redis.call('PEXPIRE', key, string.format('%.0f', ttl_ms))
+  redis.call('PEXPIRE', key, ttl_arg(expires_at, now))
 end

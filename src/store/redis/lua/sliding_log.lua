@@ -7,7 +7,7 @@ local function sliding_log_stamp(s)
 end
 
 -- The total, how many of the oldest stamps have expired and their hits, and the list length.
-local function sliding_log_scan(key, lim, now)
+local function sliding_log_scan(key, now, period)
   local n = redis.call('LLEN', key)
   if n == 0 then return 0, 0, 0, 0 end
   local total = tonumber(redis.call('LINDEX', key, 0))
@@ -17,7 +17,7 @@ local function sliding_log_scan(key, lim, now)
     local chunk = redis.call('LRANGE', key, i, i + 63)
     for _, s in ipairs(chunk) do
       local at, h = sliding_log_stamp(s)
-      if at + lim.period > now then return total, gone, gone_hits, n end
+      if at + period > now then return total, gone, gone_hits, n end
       gone = gone + 1
       gone_hits = gone_hits + h
     end
@@ -28,7 +28,7 @@ end
 
 -- Drops `gone` expired stamps, adds `hits` at `now` (merged into a stamp of the same time),
 -- and rewrites the total; an empty log is deleted.
-local function sliding_log_apply(key, lim, now, gone, new_total, hits)
+local function sliding_log_apply(key, now, period, gone, new_total, hits)
   if gone > 0 then
     redis.call('LTRIM', key, gone + 1, -1)
     redis.call('LPUSH', key, string.format('%.0f', new_total - hits))
@@ -52,28 +52,28 @@ local function sliding_log_apply(key, lim, now, gone, new_total, hits)
     redis.call('DEL', key)
   else
     local newest = sliding_log_stamp(redis.call('LINDEX', key, -1))
-    expire_at(key, newest + lim.period, now)
+    expire_at(key, newest + period, now)
   end
 end
 
-local function sliding_log_decide(key, lim, now, hits)
-  local total, gone, gone_hits, n = sliding_log_scan(key, lim, now)
+-- Writes: the expired stamps to drop, the new total, the hits to stamp now.
+local function sliding_log_decide(key, now, hits, requests, period, burst, tick, cap)
+  local total, gone, gone_hits, n = sliding_log_scan(key, now, period)
   local used = total - gone_hits
   local newest = nil
   if n - 1 > gone then newest = sliding_log_stamp(redis.call('LINDEX', key, -1)) end
-  if hits <= lim.requests and used <= lim.requests - hits then
+  if hits <= requests and used <= requests - hits then
     local last = newest
     if hits > 0 then last = now end
     local reset = 0
-    if last then reset = last + lim.period - now end
-    local commit = function() sliding_log_apply(key, lim, now, gone, used + hits, hits) end
-    return { 1, lim.requests - used - hits, reset, 0 }, commit
+    if last then reset = last + period - now end
+    return 1, requests - used - hits, reset, 0, gone, used + hits, hits
   end
   local reset = 0
-  if newest then reset = newest + lim.period - now end
+  if newest then reset = newest + period - now end
   local retry
-  if hits > lim.requests then
-    retry = lim.period
+  if hits > requests then
+    retry = period
   else
     retry = reset
     local still = used
@@ -84,8 +84,8 @@ local function sliding_log_decide(key, lim, now, hits)
       for _, s in ipairs(chunk) do
         local at, h = sliding_log_stamp(s)
         still = still - h
-        if still + hits <= lim.requests then
-          retry = at + lim.period - now
+        if still + hits <= requests then
+          retry = at + period - now
           found = true
           break
         end
@@ -93,13 +93,18 @@ local function sliding_log_decide(key, lim, now, hits)
       i = i + 64
     end
   end
-  return { 0, math.max(lim.requests - used, 0), reset, retry }, nil
+  return 0, math.max(requests - used, 0), reset, retry
 end
 
-local function sliding_log_refund(key, lim, now, hits)
-  local total, gone, gone_hits, n = sliding_log_scan(key, lim, now)
+local function sliding_log_commit(key, now, requests, period, burst, tick, cap,
+                                  gone, new_total, hits)
+  sliding_log_apply(key, now, period, gone, new_total, hits)
+end
+
+local function sliding_log_refund(key, now, hits, requests, period, burst, tick, cap)
+  local total, gone, gone_hits, n = sliding_log_scan(key, now, period)
   if n == 0 then return end
-  sliding_log_apply(key, lim, now, gone, total - gone_hits, 0)
+  sliding_log_apply(key, now, period, gone, total - gone_hits, 0)
   local left = hits
   local removed = 0
   while left > 0 and redis.call('LLEN', key) > 1 do
