@@ -162,8 +162,10 @@ struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
-    /// Connections per pool.
-    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 16)]
+    /// Multiplexed connections to a standalone Redis. Few is faster: each carries any number of
+    /// calls at once, and calls that share one leave in one write and come back in one read
+    /// (16 connections cost ~3 µs more of sluice's CPU per call than 2, BENCHMARKS.md).
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2)]
     redis_pool_size: usize,
     /// The most one Redis call may take before the failure policy answers (Envoy's default
     /// filter timeout is 20ms).

@@ -68,6 +68,11 @@ const IGNORED: &[(&str, &str)] = &[
         "calls share multiplexed connections",
     ),
     (
+        "REDIS_POOL_SIZE",
+        "calls share multiplexed connections: the reference's pool of one call per connection \
+         does not translate (more connections only cost CPU; --redis-pool-size to choose)",
+    ),
+    (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "serve refuses to start on invalid rules",
     ),
@@ -315,14 +320,6 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
                 .join(",")
         };
         flag(&mut t, "SLUICE_REDIS_URL", "--redis-url", Some(url));
-    }
-    if let Some(n) = set("REDIS_POOL_SIZE") {
-        flag(
-            &mut t,
-            "SLUICE_REDIS_POOL_SIZE",
-            "--redis-pool-size",
-            Some(n),
-        );
     }
     if let Some(d) = set("REDIS_TIMEOUT") {
         // The reference's timeout is its dial timeout.
@@ -627,8 +624,6 @@ mod tests {
                 "redis",
                 "--redis-url",
                 "redis://:secret@redis:6379",
-                "--redis-pool-size",
-                "20",
                 "--redis-connect-timeout",
                 "2s",
                 "--quota-mode",
@@ -640,7 +635,8 @@ mod tests {
                 "0.0.0.0:9090",
             ]
         );
-        assert!(t.ignored.is_empty(), "{:?}", t.ignored);
+        let ignored: Vec<&str> = t.ignored.iter().map(|(v, _)| v.as_str()).collect();
+        assert_eq!(ignored, ["REDIS_POOL_SIZE"]);
     }
 
     #[test]
