@@ -9,6 +9,7 @@
 //!     its limit), strict vs hybrid
 //! cargo bench --bench load -- fleet [seconds]    4 hybrid nodes with uneven load: admitted vs limit
 //! cargo bench --bench load -- memory [keys]      Redis bytes per key per algorithm
+//! cargo bench --bench load -- store-memory [keys] [algorithm]   the memory store's bytes per key
 //! cargo bench --bench load -- full [keys] [seconds]   the memory store at its --max-keys cap:
 //!     latency of requests on existing keys, alone and while new keys flood in
 
@@ -436,6 +437,73 @@ async fn fleet(seconds: u64) {
     }
 }
 
+/// An hourly limit whose state lasts the whole run: buckets drain, so a rate of 1 per hour
+/// keeps one hit's state.
+fn typical_limit(alg: Algorithm) -> Limit {
+    if alg.has_burst() {
+        Limit::new(alg, 1, 3_600_000_000, Some(1_000))
+    } else {
+        Limit::new(alg, 1_000, 3_600_000_000, None)
+    }
+    .unwrap()
+}
+
+/// The `n`th of many typical counter keys: domain, one entry (an IPv4 address), the limit; and
+/// the length of its tag (domain and entry).
+fn typical_key(alg: Algorithm, n: u64) -> (Vec<u8>, usize) {
+    let mut k = sluice::store::KeyBuf::default();
+    k.domain("edge");
+    k.entry(
+        "remote_address",
+        sluice::rules::KeyPart::Value(&format!(
+            "10.{}.{}.{}",
+            n >> 16 & 255,
+            n >> 8 & 255,
+            n & 255
+        )),
+    );
+    let tag = k.len();
+    k.limit(alg, sluice::rules::Unit::Hour, 1);
+    (k.slice(0..k.len()).to_vec(), tag)
+}
+
+/// The memory store's bytes per counter: the process's resident memory grown by `keys`
+/// counters of `algorithm`, typical keys, one hit each. One algorithm per process: memory the
+/// allocator got back from a dropped store would stay resident and hide the next one's.
+fn store_memory(keys: u64, algorithm: &str) {
+    use sluice::clock::ManualClock;
+    let alg = Algorithm::ALL
+        .into_iter()
+        .find(|a| a.name() == algorithm)
+        .unwrap_or_else(|| panic!("no algorithm {algorithm}"));
+    let resident = || -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    };
+    let store = MemoryStore::new(
+        Arc::new(ManualClock::new(1_800_000_000_000_000)),
+        usize::MAX,
+    );
+    let limit = typical_limit(alg);
+    let before = resident();
+    for n in 0..keys {
+        let (key, tag) = typical_key(alg, n);
+        let check = Check {
+            tag: &key[..tag],
+            ..Check::enforce(&key, &limit, 1)
+        };
+        store.apply_now(&[check]).unwrap();
+    }
+    let grown = resident() - before;
+    println!(
+        "{:<14} | {:>9} | {:>12.1}",
+        alg.name(),
+        store.len(),
+        grown as f64 / store.len() as f64
+    );
+}
+
 async fn memory(keys: u64) {
     let redis = start_redis(1, 27_000 + (std::process::id() % 500) as u16 * 8);
     let port = redis.1[0];
@@ -462,13 +530,7 @@ async fn memory(keys: u64) {
     for alg in Algorithm::ALL {
         cli(port, &["FLUSHALL"]);
         let before = used();
-        // Buckets drain: a rate of 1 per hour keeps one hit's state for the whole run.
-        let limit = if alg.has_burst() {
-            Limit::new(alg, 1, 3_600_000_000, Some(1_000))
-        } else {
-            Limit::new(alg, 1_000, 3_600_000_000, None)
-        };
-        let limit = Arc::new(limit.unwrap());
+        let limit = Arc::new(typical_limit(alg));
         let mut tasks = Vec::new();
         let per_task = keys / 16;
         for t in 0..16u64 {
@@ -476,22 +538,7 @@ async fn memory(keys: u64) {
             tasks.push(tokio::spawn(async move {
                 let mut batch_keys = Vec::new();
                 for i in 0..per_task {
-                    // A typical key: domain, one entry (an IPv4 address), the limit.
-                    let mut k = sluice::store::KeyBuf::default();
-                    k.domain("edge");
-                    let n = t * per_task + i;
-                    k.entry(
-                        "remote_address",
-                        sluice::rules::KeyPart::Value(&format!(
-                            "10.{}.{}.{}",
-                            n >> 16 & 255,
-                            n >> 8 & 255,
-                            n & 255
-                        )),
-                    );
-                    let prefix = k.len();
-                    k.limit(alg, sluice::rules::Unit::Hour, 1);
-                    batch_keys.push((k.slice(0..k.len()).to_vec(), prefix));
+                    batch_keys.push(typical_key(alg, t * per_task + i));
                     if batch_keys.len() == 50 || i + 1 == per_task {
                         let checks: Vec<Check<'_>> = batch_keys
                             .iter()
@@ -694,6 +741,10 @@ fn main() {
             rt.block_on(load(seconds, HOT_KEY_OVER_LIMIT, &rows));
         }
         Some("fleet") => rt.block_on(fleet(args.get(1).map_or(10, |n| n.parse().unwrap()))),
+        Some("store-memory") => store_memory(
+            args.get(1).map_or(1_000_000, |n| n.parse().unwrap()),
+            args.get(2).map_or("fixed_window", String::as_str),
+        ),
         Some("full") => full(
             args.get(1).map_or(10_000_000, |n| n.parse().unwrap()),
             args.get(2).map_or(5, |n| n.parse().unwrap()),

@@ -135,7 +135,10 @@ fn state(limit: Limit, now: u64, picks: [u64; 4], kind: u8) -> State {
             if stamps.is_empty() {
                 State::Empty
             } else {
-                State::Log { total, stamps }
+                State::Log {
+                    total,
+                    stamps: Box::new(stamps),
+                }
             }
         }
         _ => {

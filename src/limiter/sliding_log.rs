@@ -13,7 +13,7 @@ const NO_STAMPS: &VecDeque<Stamp> = &VecDeque::new();
 
 fn stamps(state: &State) -> (u64, &VecDeque<Stamp>) {
     match state {
-        State::Log { total, stamps } => (*total, stamps),
+        State::Log { total, stamps } => (*total, stamps.as_ref()),
         _ => (0, NO_STAMPS),
     }
 }
@@ -86,7 +86,7 @@ pub(super) fn apply(state: &mut State, expired: usize, at_us: u64, hits: u64) {
     if !matches!(state, State::Log { .. }) {
         *state = State::Log {
             total: 0,
-            stamps: VecDeque::new(),
+            stamps: Box::default(),
         };
     }
     let State::Log { total, stamps } = state else {
@@ -121,5 +121,8 @@ pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> St
             stamps.pop_back();
         }
     }
-    State::Log { total, stamps }
+    State::Log {
+        total,
+        stamps: Box::new(stamps),
+    }
 }

@@ -7,6 +7,12 @@
 //! heap tops, with a hint that skips the walk while nothing can have expired — instead of
 //! sweeping every key per request. Checks of zero hits never create a key. The full sweep runs
 //! from `housekeeping`, which the server calls on a blocking thread.
+//!
+//! A key is held as its [`KeyId`], two independent keyed SipHashes of its bytes (128 bits), not
+//! as the bytes: a typical key is ~55 bytes in an allocation of its own, and the store holds
+//! millions. Two keys share an id with probability ~n²/2^129 (at 10 million keys, ~10^-25), and
+//! the hash keys are random per process, so no one can make two descriptors collide on
+//! purpose. The readable key is what `sluice explain` shows; the store never needs it back.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -21,9 +27,19 @@ use crate::limiter::{self, State, Update, Verdict};
 
 const SHARDS: usize = 256;
 
+/// A key's identity in the store: see the module's docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeyId([u64; 2]);
+
+impl KeyId {
+    /// The table's hash (and, by its bits 32.., the shard).
+    fn hash(self) -> u64 {
+        self.0[0]
+    }
+}
+
 struct Entry {
-    key: Box<[u8]>,
-    hash: u64,
+    id: KeyId,
     state: State,
     /// When `state` is empty again; the sweeper forgets the key then.
     expires_at_us: u64,
@@ -58,7 +74,7 @@ impl Shard {
             }
             self.expiry.pop();
             *budget -= 1;
-            match self.table.find_entry(hash, |e| e.hash == hash) {
+            match self.table.find_entry(hash, |e| e.id.hash() == hash) {
                 Ok(entry) if entry.get().expires_at_us <= now => {
                     entry.remove();
                     dropped += 1;
@@ -79,7 +95,7 @@ impl Shard {
             self.expiry = self
                 .table
                 .iter()
-                .map(|e| Reverse((e.expires_at_us, e.hash)))
+                .map(|e| Reverse((e.expires_at_us, e.id.hash())))
                 .collect();
         }
         before - self.table.len()
@@ -91,7 +107,7 @@ const RECLAIM_BUDGET: usize = 64;
 
 /// One check's place during a batch.
 struct Slot {
-    hash: u64,
+    id: KeyId,
     shard: usize,
     /// What the check changes if the batch commits (or whatever it decides, when `always`).
     update: Option<Update>,
@@ -99,19 +115,21 @@ struct Slot {
     always: bool,
 }
 
-/// SipHash (std's keyed, HashDoS-resistant hasher) computed once per key: bits 32.. pick the
-/// shard, and the table uses the low bits and the top 7, so the two choices are independent.
+/// The first half of a [`KeyId`] (std's keyed, HashDoS-resistant SipHash), computed once per
+/// check: bits 32.. pick the shard, and the table uses the low bits and the top 7, so the two
+/// choices are independent.
 fn shard_index(hash: u64) -> usize {
     ((hash >> 32) % SHARDS as u64) as usize
 }
 
-fn find<'a>(shard: &'a Shard, key: &[u8], hash: u64) -> Option<&'a Entry> {
-    shard.table.find(hash, |e| *e.key == *key)
+fn find(shard: &Shard, id: KeyId) -> Option<&Entry> {
+    shard.table.find(id.hash(), |e| e.id == id)
 }
 
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    /// Two independently keyed hashers: a key's [`KeyId`].
+    hashers: [RandomState; 2],
     clock: Arc<dyn Clock>,
     max_keys: usize,
     keys: AtomicUsize,
@@ -143,7 +161,7 @@ impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::new(),
+            hashers: [RandomState::new(), RandomState::new()],
             clock,
             max_keys,
             keys: AtomicUsize::new(0),
@@ -202,6 +220,10 @@ impl MemoryStore {
         freed > 0
     }
 
+    fn id(&self, key: &[u8]) -> KeyId {
+        KeyId([self.hashers[0].hash_one(key), self.hashers[1].hash_one(key)])
+    }
+
     /// The all-or-nothing batch, synchronously.
     pub fn apply_now(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         match self.apply_locked(checks) {
@@ -220,10 +242,10 @@ impl MemoryStore {
         let mut slots: Vec<Slot> = checks
             .iter()
             .map(|c| {
-                let hash = self.hasher.hash_one(c.key);
+                let id = self.id(c.key);
                 Slot {
-                    hash,
-                    shard: shard_index(hash),
+                    id,
+                    shard: shard_index(id.hash()),
                     update: None,
                     always: c.always_applied(),
                 }
@@ -248,7 +270,7 @@ impl MemoryStore {
                 continue;
             }
             let shard = &guards[guard_of(slots[i].shard)];
-            let committed = find(shard, c.key, slots[i].hash).map(|e| &e.state);
+            let committed = find(shard, slots[i].id).map(|e| &e.state);
             let (verdict, update) =
                 limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits);
             // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
@@ -278,7 +300,7 @@ impl MemoryStore {
             if let Some(update) = slot.update.take() {
                 // A cost limit's charge was spent already: recorded whatever the batch does.
                 if allowed || slot.always {
-                    self.commit(&mut guards[guard_of(slot.shard)], c, slot.hash, update);
+                    self.commit(&mut guards[guard_of(slot.shard)], c, slot.id, update);
                 } else {
                     *verdict = verdict.unconsumed(c.hits);
                 }
@@ -288,7 +310,7 @@ impl MemoryStore {
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter().zip(&mut verdicts)) {
             if c.kind == CheckKind::Refund {
                 let shard = &mut guards[guard_of(slot.shard)];
-                let current = find(shard, c.key, slot.hash).map_or(&EMPTY, |e| &e.state);
+                let current = find(shard, slot.id).map_or(&EMPTY, |e| &e.state);
                 // A lease's leftover may only go back to the window it came from.
                 let hits = if c.until_us != 0 && now >= c.until_us {
                     0
@@ -297,7 +319,7 @@ impl MemoryStore {
                 };
                 let (refunded, next) = limiter::refund(c.limit, current, now, hits);
                 *verdict = refunded;
-                self.commit(shard, c, slot.hash, Update::Set(next));
+                self.commit(shard, c, slot.id, Update::Set(next));
             }
         }
         Ok(Outcome {
@@ -309,20 +331,19 @@ impl MemoryStore {
     }
 
     /// Applies `update` to the key's state in place; an empty result forgets the key.
-    fn commit(&self, shard: &mut Shard, check: &Check<'_>, hash: u64, update: Update) {
+    fn commit(&self, shard: &mut Shard, check: &Check<'_>, id: KeyId, update: Update) {
         if update == Update::Keep {
             return;
         }
         let entry = shard
             .table
-            .entry(hash, |e| *e.key == *check.key, |e| e.hash);
+            .entry(id.hash(), |e| e.id == id, |e| e.id.hash());
         let mut occupied = match entry {
             hashbrown::hash_table::Entry::Occupied(o) => o,
             hashbrown::hash_table::Entry::Vacant(v) => {
                 self.keys.fetch_add(1, Ordering::Relaxed);
                 v.insert(Entry {
-                    key: check.key.into(),
-                    hash,
+                    id,
                     state: State::Empty,
                     expires_at_us: 0,
                 })
@@ -337,7 +358,7 @@ impl MemoryStore {
         } else {
             e.expires_at_us = e.state.expires_at_us(check.limit);
             if new {
-                shard.expiry.push(Reverse((e.expires_at_us, hash)));
+                shard.expiry.push(Reverse((e.expires_at_us, id.hash())));
             }
         }
     }
