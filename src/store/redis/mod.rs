@@ -144,10 +144,7 @@ impl Pool {
                 let mut all = true;
                 for slot in conns.iter().filter(|s| s.load().is_none()) {
                     match self.connect_standalone(client, config).await {
-                        Ok(conn) => {
-                            slot.store(Some(Arc::new(conn)));
-                            self.reached.store(true, Ordering::Release);
-                        }
+                        Ok(conn) => slot.store(Some(Arc::new(conn))),
                         Err(e) => {
                             tracing::debug!(error = %RedisFailure::of(&e), "cannot connect to Redis yet");
                             all = false;
@@ -164,7 +161,6 @@ impl Pool {
                 match self.connect_cluster(client).await {
                     Ok(c) => {
                         conn.store(Some(Arc::new(c)));
-                        self.reached.store(true, Ordering::Release);
                         true
                     }
                     Err(e) => {
@@ -186,20 +182,27 @@ impl Pool {
             Target::Sentinel(sentinels) => sentinels.locate(self.connect_timeout).await?,
         };
         let connect = ConnectionManager::new_with_config(client, config.clone());
-        match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(result) => result,
-            Err(_) => Err(connect_timed_out()),
-        }
+        self.reached_if_ok(tokio::time::timeout(self.connect_timeout, connect).await)
     }
 
     async fn connect_cluster(
         &self,
         client: &ClusterClient,
     ) -> redis::RedisResult<ClusterConnection> {
-        match tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await {
-            Ok(result) => result,
-            Err(_) => Err(connect_timed_out()),
-        }
+        self.reached_if_ok(
+            tokio::time::timeout(self.connect_timeout, client.get_async_connection()).await,
+        )
+    }
+
+    /// A connection attempt's outcome within its timeout; a connection made marks the backend
+    /// reached.
+    fn reached_if_ok<C>(
+        &self,
+        attempt: Result<redis::RedisResult<C>, tokio::time::error::Elapsed>,
+    ) -> redis::RedisResult<C> {
+        let made = attempt.unwrap_or_else(|_| Err(connect_timed_out()))?;
+        self.reached.store(true, Ordering::Release);
+        Ok(made)
     }
 
     async fn invoke(
@@ -224,7 +227,6 @@ impl Pool {
                         // None made yet (Redis was down): this call connects, bounded by its
                         // own timeout, and the rest follow in the background.
                         let conn = self.connect_standalone(client, config).await?;
-                        self.reached.store(true, Ordering::Release);
                         conns[start % conns.len()].store(Some(Arc::new(conn.clone())));
                         self.fill_in_background();
                         conn
@@ -237,7 +239,6 @@ impl Pool {
                     Some(c) => (*c).clone(),
                     None => {
                         let c = self.connect_cluster(client).await?;
-                        self.reached.store(true, Ordering::Release);
                         conn.store(Some(Arc::new(c.clone())));
                         c
                     }
