@@ -308,15 +308,21 @@ const AFTERWARDS: Duration = Duration::from_millis(2500);
 /// How long each fault lasts.
 const FAULT: Duration = Duration::from_millis(800);
 
-async fn run_against_standalone(
+/// Every fault's frame: Redis started (under the serial lock), three nodes loading it,
+/// `break_and_heal` once the load has settled (it returns when Redis answers again), the load
+/// on until the late counters are spent, then the figures checked. Returns the Redis, for
+/// checks of its own.
+async fn run_fault<R>(
     fault: &str,
     lifetimes: u64,
-    break_and_heal: impl AsyncFnOnce(&mut RedisServer),
-) {
+    start: impl FnOnce() -> R,
+    topology: impl FnOnce(&R) -> Topology,
+    break_and_heal: impl AsyncFnOnce(&mut R),
+) -> R {
     let _serial = SERIAL.lock().await;
     let started_us = SystemClock.now_micros();
-    let mut redis = RedisServer::start();
-    let topology = Topology::Standalone(redis.url());
+    let mut redis = start();
+    let topology = topology(&redis);
     let nodes: Vec<_> = (0..NODES).map(|_| node(&topology)).collect();
     let load = Load::start(&nodes);
     tokio::time::sleep(SETTLE).await;
@@ -332,6 +338,22 @@ async fn run_against_standalone(
         healed,
         lifetimes * windows_since(started_us),
     );
+    redis
+}
+
+async fn run_against_standalone(
+    fault: &str,
+    lifetimes: u64,
+    break_and_heal: impl AsyncFnOnce(&mut RedisServer),
+) {
+    run_fault(
+        fault,
+        lifetimes,
+        RedisServer::start,
+        |redis| Topology::Standalone(redis.url()),
+        break_and_heal,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,97 +393,80 @@ async fn redis_slow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_killed_and_its_replica_promoted() {
-    let _serial = SERIAL.lock().await;
-    let started_us = SystemClock.now_micros();
-    let mut cluster = RedisCluster::start_with(1, 1000);
-    let topology = Topology::Cluster(cluster.urls());
-    let nodes: Vec<_> = (0..NODES).map(|_| node(&topology)).collect();
-    let load = Load::start(&nodes);
-    tokio::time::sleep(SETTLE).await;
-    // The master holding the most counters.
-    let victim = cluster
-        .nodes
-        .iter()
-        .filter(|n| n.cli(&["ROLE"]).starts_with("master"))
-        .max_by_key(|n| n.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
-        .map(|n| n.port)
-        .unwrap();
-    let replicas = cluster.replicas_of(victim);
-    assert_eq!(replicas.len(), 1, "one replica per master");
-    load.enter(DURING);
-    cluster
-        .nodes
-        .iter_mut()
-        .find(|n| n.port == victim)
-        .unwrap()
-        .kill();
-    // Healed when the replica has taken over and the cluster is whole again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let promoted = common::redis::redis_cli(replicas[0], &["ROLE"]).starts_with("master");
-        let ok = common::redis::redis_cli(replicas[0], &["CLUSTER", "INFO"])
-            .contains("cluster_state:ok");
-        if promoted && ok {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the replica was never promoted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let healed = Instant::now();
-    load.enter(AFTER);
-    tokio::time::sleep(AFTERWARDS).await;
-    let figures = load.finish().await;
-    assert_trustworthy(
+    run_fault(
         "cluster master killed, replica promoted",
-        &figures,
-        healed,
-        windows_since(started_us),
-    );
+        1,
+        || RedisCluster::start_with(1, 1000),
+        |cluster| Topology::Cluster(cluster.urls()),
+        async |cluster| {
+            // The master holding the most counters.
+            let victim = cluster
+                .nodes
+                .iter()
+                .filter(|n| n.cli(&["ROLE"]).starts_with("master"))
+                .max_by_key(|n| n.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
+                .map(|n| n.port)
+                .unwrap();
+            let replicas = cluster.replicas_of(victim);
+            assert_eq!(replicas.len(), 1, "one replica per master");
+            cluster
+                .nodes
+                .iter_mut()
+                .find(|n| n.port == victim)
+                .unwrap()
+                .kill();
+            // Healed when the replica has taken over and the cluster is whole again.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let promoted =
+                    common::redis::redis_cli(replicas[0], &["ROLE"]).starts_with("master");
+                let ok = common::redis::redis_cli(replicas[0], &["CLUSTER", "INFO"])
+                    .contains("cluster_state:ok");
+                if promoted && ok {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the replica was never promoted");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_master_killed_and_its_replica_promoted() {
-    let _serial = SERIAL.lock().await;
-    let started_us = SystemClock.now_micros();
-    let mut set = RedisSentinels::start();
-    let topology = Topology::Standalone(set.url());
-    let nodes: Vec<_> = (0..NODES).map(|_| node(&topology)).collect();
-    let load = Load::start(&nodes);
-    tokio::time::sleep(SETTLE).await;
-    assert!(
-        set.master.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
-        "the nodes found the master through the sentinels"
-    );
-    load.enter(DURING);
-    set.master.kill();
-    // Healed when every sentinel names the replica, and it has taken the master's role.
-    let replica = set.replica.port;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let agreed = set.master_port_agreed() == Some(replica);
-        let promoted = set.replica.cli(&["ROLE"]).starts_with("master");
-        if agreed && promoted {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sentinels never promoted the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let healed = Instant::now();
-    load.enter(AFTER);
-    tokio::time::sleep(AFTERWARDS).await;
-    let figures = load.finish().await;
+    let set = run_fault(
+        "sentinel master killed, replica promoted",
+        1,
+        RedisSentinels::start,
+        |set| Topology::Standalone(set.url()),
+        async |set| {
+            assert!(
+                set.master.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
+                "the nodes found the master through the sentinels"
+            );
+            set.master.kill();
+            // Healed when every sentinel names the replica, and it has taken the master's role.
+            let replica = set.replica.port;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let agreed = set.master_port_agreed() == Some(replica);
+                let promoted = set.replica.cli(&["ROLE"]).starts_with("master");
+                if agreed && promoted {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the sentinels never promoted the replica"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
     assert!(
         set.replica.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
         "the nodes write to the promoted replica"
-    );
-    assert_trustworthy(
-        "sentinel master killed, replica promoted",
-        &figures,
-        healed,
-        windows_since(started_us),
     );
 }
 

@@ -61,33 +61,31 @@ pub fn commandstat(info: &str, command: &str) -> u64 {
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::spawn(None, false)
+        Self::spawn(None, false, &[])
     }
 
     /// A server without Redis Functions (`FUNCTION` and `FCALL` renamed away), as Redis 6 is.
     pub fn start_without_functions() -> Self {
-        let mut server = Self::spawn(None, false);
-        server.kill();
-        server.extra = ["FUNCTION", "FCALL"]
-            .iter()
-            .flat_map(|c| {
-                [
-                    "--rename-command".to_owned(),
-                    (*c).to_owned(),
-                    String::new(),
-                ]
-            })
-            .collect();
-        server.restart();
-        server
+        Self::spawn(
+            None,
+            false,
+            &[
+                "--rename-command",
+                "FUNCTION",
+                "",
+                "--rename-command",
+                "FCALL",
+                "",
+            ],
+        )
     }
 
     /// A TLS-only server with a fresh self-signed certificate.
     pub fn start_tls() -> Self {
-        Self::spawn(None, true)
+        Self::spawn(None, true, &[])
     }
 
-    fn spawn(cluster: Option<u32>, tls: bool) -> Self {
+    fn spawn(cluster: Option<u32>, tls: bool, extra: &[&str]) -> Self {
         let port = free_port_pair();
         let dir = super::temp_dir(&format!("redis-{port}"));
         if tls {
@@ -120,7 +118,7 @@ impl RedisServer {
             dir,
             cluster,
             tls,
-            extra: Vec::new(),
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
         };
         server.restart();
@@ -251,7 +249,7 @@ impl RedisCluster {
     /// is failed over to one of its replicas.
     pub fn start_with(replicas: usize, node_timeout_ms: u32) -> Self {
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| RedisServer::spawn(Some(node_timeout_ms), false))
+            .map(|_| RedisServer::spawn(Some(node_timeout_ms), false, &[]))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()

@@ -403,7 +403,7 @@ impl RedisStore {
                     if e.is_io_error()
                         || e.is_connection_dropped()
                         || e.is_connection_refusal()
-                        || e.code() == Some("READONLY")
+                        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
                     {
                         self.pool.reset();
                     }
