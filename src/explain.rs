@@ -166,7 +166,7 @@ fn describe(
             "  limit{name}: {} per {window}, {}{burst}{status}",
             t.requests_per_unit, t.limit.algorithm
         );
-        let (redis, slot) = redis_key(redis_prefix.as_bytes(), &c.tag, &c.key);
+        let (redis, slot) = redis_key(redis_prefix.as_bytes(), &c.tag, &c.key, t.limit.algorithm);
         let _ = writeln!(out, "    counter: {}", String::from_utf8_lossy(&c.key));
         let _ = writeln!(
             out,

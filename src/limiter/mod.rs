@@ -72,6 +72,12 @@ impl Algorithm {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
+    /// Whether the algorithm computes with products of time and counts, in ticks (see
+    /// `Limit::tick_us`); the others count whole windows or keep stamps.
+    pub fn has_ticks(self) -> bool {
+        !matches!(self, Algorithm::FixedWindow | Algorithm::SlidingLog)
+    }
+
     /// Whether `burst` means something for this algorithm.
     pub fn has_burst(self) -> bool {
         matches!(
@@ -167,14 +173,7 @@ impl Limit {
         if algorithm == Algorithm::SlidingLog && requests > SLIDING_LOG_MAX {
             return Err(LimitError::SlidingLogTooLarge);
         }
-        let needs_products = matches!(
-            algorithm,
-            Algorithm::SlidingWindow
-                | Algorithm::TokenBucket
-                | Algorithm::LeakyBucket
-                | Algorithm::Gcra
-        );
-        let tick_us = if needs_products {
+        let tick_us = if algorithm.has_ticks() {
             let capacity = requests.max(burst).max(1);
             choose_tick(period_us, capacity).ok_or(LimitError::OutOfRange {
                 requests: capacity,

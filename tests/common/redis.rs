@@ -226,6 +226,25 @@ impl RedisServer {
             .expect("redis-cli runs");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// The hits counted in every fixed window whose key matches `pattern` (fixed_window.lua
+    /// keeps a window's count in a hash, one field per window).
+    pub fn fixed_window_counts(&self, pattern: &str) -> u64 {
+        self.cli(&["--scan", "--pattern", pattern])
+            .lines()
+            .flat_map(|key| {
+                let counts = self.cli(&["HVALS", key]);
+                counts
+                    .lines()
+                    .map(|c| {
+                        c.trim().parse::<u64>().unwrap_or_else(|_| {
+                            panic!("{key} holds {c:?}, not a fixed window's count")
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
 }
 
 impl Drop for RedisServer {

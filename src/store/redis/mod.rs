@@ -28,7 +28,7 @@ use redis::cluster_async::ClusterConnection;
 
 use super::{Check, CheckKind, Outcome, Store, StoreError};
 use crate::clock::Clock;
-use crate::limiter::Verdict;
+use crate::limiter::{Algorithm, Verdict};
 
 pub use script::LIMITER_SCRIPT;
 use script::{Call, Limiter};
@@ -348,7 +348,7 @@ impl RedisStore {
     }
 
     fn redis_key(&self, check: &Check<'_>) -> (Vec<u8>, u16) {
-        redis_key(&self.prefix, check.tag, check.key)
+        redis_key(&self.prefix, check.tag, check.key, check.limit.algorithm)
     }
 
     /// Runs the script for the checks `indices` (one slot) and returns
@@ -362,7 +362,7 @@ impl RedisStore {
         refund_all: bool,
     ) -> Result<GroupReply, StoreError> {
         let mut call_keys: Vec<&[u8]> = Vec::with_capacity(indices.len());
-        let mut args: Vec<u64> = Vec::with_capacity(9 * indices.len());
+        let mut args: Vec<u64> = Vec::with_capacity(8 * indices.len());
         for &i in indices {
             let c = &checks[i];
             let kind = match (refund_all, c.kind) {
@@ -371,17 +371,7 @@ impl RedisStore {
                 (false, CheckKind::Shadow) => 2,
             };
             call_keys.push(&keys[i]);
-            args.extend([
-                kind,
-                u64::from(c.limit.algorithm.id()),
-                c.hits,
-                c.limit.requests,
-                c.limit.period_us,
-                c.limit.burst,
-                c.limit.tick_us,
-                c.until_us,
-                c.limit.overdraft_cap(),
-            ]);
+            push_check(&mut args, kind, c);
         }
         let script_call = Call {
             keys: &call_keys,
@@ -416,6 +406,35 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// One check's arguments as `batch.lua` reads them: a head (algorithm + 8 × kind + 32 × how
+/// many optional fields follow), hits, requests, period, then burst, tick, cap and until with
+/// the trailing zeros left off; burst and tick are sent only to the algorithms that read them.
+fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>) {
+    let limit = &check.limit;
+    let algorithm = limit.algorithm;
+    let optional = [
+        if algorithm.has_burst() {
+            limit.burst
+        } else {
+            0
+        },
+        if algorithm.has_ticks() {
+            limit.tick_us
+        } else {
+            0
+        },
+        limit.overdraft_cap(),
+        check.until_us,
+    ];
+    let extra = optional
+        .iter()
+        .rposition(|&v| v != 0)
+        .map_or(0, |last| last + 1);
+    let head = u64::from(limit.algorithm.id()) + 8 * kind + 32 * extra as u64;
+    args.extend([head, check.hits, limit.requests, limit.period_us]);
+    args.extend_from_slice(&optional[..extra]);
 }
 
 /// What one script run answered.
@@ -562,8 +581,10 @@ impl Store for RedisStore {
     }
 }
 
-/// The Redis key of a counter and its cluster slot: `prefix{tag}key`.
-pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8]) -> (Vec<u8>, u16) {
+/// The Redis key of a counter and its cluster slot: `prefix{tag}key`, and for a fixed window
+/// `prefix{tag}key#` (a hash of its window's count, see fixed_window.lua; the form before it
+/// was a string under `prefix{tag}key`, which a rollout's old nodes still write).
+pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8], algorithm: Algorithm) -> (Vec<u8>, u16) {
     // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the encoded
     // key after it keeps them distinct), and every byte counts per key in Redis.
     let h = fnv1a(tag);
@@ -576,6 +597,9 @@ pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8]) -> (Vec<u8>, u16) {
     out.extend_from_slice(&tag);
     out.push(b'}');
     out.extend_from_slice(key);
+    if algorithm == Algorithm::FixedWindow {
+        out.push(b'#');
+    }
     (out, crc16(&tag) % 16_384)
 }
 

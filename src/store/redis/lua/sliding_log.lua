@@ -6,80 +6,55 @@ local function sliding_log_stamp(s)
   return tonumber(at), tonumber(h)
 end
 
--- The total, how many of the oldest stamps have expired and their hits, and the list length.
+-- The total (nil: no log), how many of the oldest stamps have expired and their hits, and
+-- whether a stamp is left after them. The first read brings the total and four stamps; later
+-- chunks grow. A call usually finds one or two stamps expired since the last, and every stamp
+-- read becomes a Lua string.
 local function sliding_log_scan(key, now, period)
-  local n = redis.call('LLEN', key)
-  if n == 0 then return 0, 0, 0, 0 end
-  local total = tonumber(redis.call('LINDEX', key, 0))
+  local chunk = redis.call('LRANGE', key, 0, 4)
+  if #chunk == 0 then return nil, 0, 0, false end
+  local total = tonumber(chunk[1])
   local gone, gone_hits = 0, 0
-  local i = 1
-  while i < n do
-    local chunk = redis.call('LRANGE', key, i, i + 63)
-    for _, s in ipairs(chunk) do
-      local at, h = sliding_log_stamp(s)
-      if at + period > now then return total, gone, gone_hits, n end
+  local first, asked, size, next_index = 2, 5, 4, 5
+  while true do
+    for j = first, #chunk do
+      local at, h = sliding_log_stamp(chunk[j])
+      if at + period > now then return total, gone, gone_hits, true end
       gone = gone + 1
       gone_hits = gone_hits + h
     end
-    i = i + 64
-  end
-  return total, gone, gone_hits, n
-end
-
--- Drops `gone` expired stamps, adds `hits` at `now` (merged into a stamp of the same time),
--- and rewrites the total; an empty log is deleted.
-local function sliding_log_apply(key, now, period, gone, new_total, hits)
-  if gone > 0 then
-    redis.call('LTRIM', key, gone + 1, -1)
-    redis.call('LPUSH', key, string.format('%.0f', new_total - hits))
-  elseif redis.call('EXISTS', key) == 1 then
-    redis.call('LSET', key, 0, string.format('%.0f', new_total - hits))
-  else
-    redis.call('RPUSH', key, string.format('%.0f', new_total - hits))
-  end
-  if hits > 0 then
-    local last = redis.call('LINDEX', key, -1)
-    local at, h = nil, nil
-    if redis.call('LLEN', key) > 1 then at, h = sliding_log_stamp(last) end
-    if at == now then
-      redis.call('LSET', key, -1, string.format('%.0f %.0f', at, h + hits))
-    else
-      redis.call('RPUSH', key, string.format('%.0f %.0f', now, hits))
-    end
-    redis.call('LSET', key, 0, string.format('%.0f', new_total))
-  end
-  if redis.call('LLEN', key) <= 1 then
-    redis.call('DEL', key)
-  else
-    local newest = sliding_log_stamp(redis.call('LINDEX', key, -1))
-    expire_at(key, newest + period, now)
+    if #chunk < asked then return total, gone, gone_hits, false end
+    size = min(size * 4, 256)
+    chunk = redis.call('LRANGE', key, next_index, next_index + size - 1)
+    first, asked, next_index = 1, size, next_index + size
   end
 end
 
--- Writes: the expired stamps to drop, the new total, the hits to stamp now.
+-- Writes (only where hits are stamped; a probe leaves expired stamps for the next write to
+-- drop, which every read skips): the expired stamps to drop, the new total, the hits, and
+-- whether there is a log (0) or not (-1). A stamp at the same time as the newest is a stamp of
+-- its own, not merged as the Rust twin merges it: the verdicts are the same (they sum hits by
+-- time), and merging would read the newest stamp on every call.
 local function sliding_log_decide(key, now, hits, requests, period, burst, tick, cap)
-  local total, gone, gone_hits, n = sliding_log_scan(key, now, period)
-  local used = total - gone_hits
-  local newest = nil
-  if n - 1 > gone then newest = sliding_log_stamp(redis.call('LINDEX', key, -1)) end
-  if hits <= requests and used <= requests - hits then
-    local last = newest
-    if hits > 0 then last = now end
-    local reset = 0
-    if last then reset = last + period - now end
-    return 1, requests - used - hits, reset, 0, gone, used + hits, hits
+  local total, gone, gone_hits, left = sliding_log_scan(key, now, period)
+  local used = (total or 0) - gone_hits
+  local fits = hits <= requests and used <= requests - hits
+  if fits and hits > 0 then
+    local tail = 0
+    if not total then tail = -1 end
+    return 1, requests - used - hits, period, 0, gone, used + hits, hits, tail
   end
   local reset = 0
-  if newest then reset = newest + period - now end
+  if left then reset = sliding_log_stamp(redis.call('LINDEX', key, -1)) + period - now end
+  if fits then return 1, requests - used, reset, 0 end
   local retry
   if hits > requests then
     retry = period
   else
+    -- When enough of the oldest stamps will have expired for the hits to fit.
     retry = reset
-    local still = used
-    local i = 1 + gone
-    local found = false
-    while i < n and not found do
+    local still, i, found = used, 1 + gone, false
+    while not found do
       local chunk = redis.call('LRANGE', key, i, i + 63)
       for _, s in ipairs(chunk) do
         local at, h = sliding_log_stamp(s)
@@ -90,37 +65,50 @@ local function sliding_log_decide(key, now, hits, requests, period, burst, tick,
           break
         end
       end
+      if #chunk < 64 then break end
       i = i + 64
     end
   end
   return 0, math.max(requests - used, 0), reset, retry
 end
 
+-- Drops `gone` expired stamps, stamps `hits` (> 0) at `now` and rewrites the total. The
+-- total goes where the last expired stamp was (LTRIM keeps it, LSET overwrites it).
 local function sliding_log_commit(key, now, requests, period, burst, tick, cap,
-                                  gone, new_total, hits)
-  sliding_log_apply(key, now, period, gone, new_total, hits)
+                                  gone, new_total, hits, tail)
+  local stamp = string.format('%.0f %.0f', now, hits)
+  if tail < 0 then
+    redis.call('RPUSH', key, new_total, stamp)
+  else
+    if gone > 0 then redis.call('LTRIM', key, gone, -1) end
+    redis.call('RPUSH', key, stamp)
+    redis.call('LSET', key, 0, new_total)
+  end
+  expire_at(key, now + period, now)
 end
 
+-- Drops the expired stamps, then takes `hits` back from the newest stamps; a log left with no
+-- stamp is deleted. Its TTL stays: the newest stamp left is no newer than before.
 local function sliding_log_refund(key, now, hits, requests, period, burst, tick, cap)
-  local total, gone, gone_hits, n = sliding_log_scan(key, now, period)
-  if n == 0 then return end
-  sliding_log_apply(key, now, period, gone, total - gone_hits, 0)
+  local total, gone, gone_hits = sliding_log_scan(key, now, period)
+  if not total then return end
+  if gone > 0 then redis.call('LTRIM', key, gone, -1) end
+  local kept = redis.call('LLEN', key) - 1
   local left = hits
-  local removed = 0
-  while left > 0 and redis.call('LLEN', key) > 1 do
+  while left > 0 and kept > 0 do
     local at, h = sliding_log_stamp(redis.call('LINDEX', key, -1))
     local take = min(left, h)
     if take == h then
       redis.call('RPOP', key)
+      kept = kept - 1
     else
       redis.call('LSET', key, -1, string.format('%.0f %.0f', at, h - take))
     end
     left = left - take
-    removed = removed + take
   end
-  if redis.call('LLEN', key) <= 1 then
+  if kept == 0 then
     redis.call('DEL', key)
   else
-    redis.call('LSET', key, 0, string.format('%.0f', total - gone_hits - removed))
+    redis.call('LSET', key, 0, total - gone_hits - (hits - left))
   end
 end
