@@ -410,7 +410,7 @@ async fn admitted_concurrently_with(topology: Topology, alg: &str) -> u64 {
 async fn one_script_call_per_slot_group() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let engine = Arc::new(pinned_engine(Topology::Standalone(redis.url()), &clock));
     let request = Request {
         domain: "d".into(),
         descriptors: vec![
@@ -420,7 +420,24 @@ async fn one_script_call_per_slot_group() {
         ],
     };
     let allowed = |d: Decision| assert_eq!(d.code, Code::Ok, "no rollback calls in this test");
-    engine.decide(&request).await.unwrap(); // loads the library
+    // The first burst on a server without the library: every call misses it, one loads it.
+    let burst: Vec<_> = (0..16)
+        .map(|i| {
+            let (engine, request) = (engine.clone(), request.clone());
+            tokio::spawn(async move {
+                let r = Request {
+                    descriptors: vec![descriptor(&[("fixed", &i.to_string())], 1, false)],
+                    ..request
+                };
+                engine.decide(&r).await.unwrap()
+            })
+        })
+        .collect();
+    for call in burst {
+        allowed(call.await.unwrap());
+    }
+    let info = redis.cli(&["INFO", "commandstats"]);
+    assert_eq!(commandstat(&info, "function|load"), 1, "{info}");
     redis.cli(&["CONFIG", "RESETSTAT"]);
     for _ in 0..20 {
         clock.advance(5 * S);
