@@ -219,16 +219,23 @@ fn pct(sorted: &[u32], p: f64) -> u32 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
-fn evalsha_calls(ports: &[u16]) -> u64 {
+/// The limiter's calls on these Redis nodes: FCALL (the Functions library) and EVALSHA (where
+/// Redis refuses Functions).
+fn script_calls(ports: &[u16]) -> u64 {
     ports
         .iter()
         .map(|p| {
-            cli(*p, &["INFO", "commandstats"])
-                .lines()
-                .find(|l| l.starts_with("cmdstat_evalsha:"))
-                .and_then(|l| l.split("calls=").nth(1))
-                .and_then(|s| s.split(',').next())
-                .map_or(0, |n| n.parse().unwrap())
+            let info = cli(*p, &["INFO", "commandstats"]);
+            ["cmdstat_fcall:", "cmdstat_evalsha:"]
+                .iter()
+                .filter_map(|name| {
+                    info.lines()
+                        .find(|l| l.starts_with(name))
+                        .and_then(|l| l.split("calls=").nth(1))
+                        .and_then(|s| s.split(',').next())
+                        .map(|n| n.parse::<u64>().unwrap())
+                })
+                .sum::<u64>()
         })
         .sum()
 }
@@ -286,17 +293,17 @@ async fn load(seconds: u64, clients: u64, backends: &[&str]) {
         drive(addr, concurrency, 1, clients).await;
         servers.push((backend, addr, ports));
     }
-    // Per row: (decisions/s, sorted latencies, errors, EVALSHA per Redis node) per round.
+    // Per row: (decisions/s, sorted latencies, errors, script calls per Redis node) per round.
     type Round = (f64, Vec<u32>, u64, Vec<u64>);
     let mut results: Vec<Vec<Round>> = vec![Vec::new(); servers.len()];
     for _ in 0..ROUNDS {
         for (i, (_, addr, ports)) in servers.iter().enumerate() {
-            let before: Vec<u64> = ports.iter().map(|p| evalsha_calls(&[*p])).collect();
+            let before: Vec<u64> = ports.iter().map(|p| script_calls(&[*p])).collect();
             let (rate, lat, errors) = drive(*addr, concurrency, seconds, clients).await;
             let per_node: Vec<u64> = ports
                 .iter()
                 .zip(&before)
-                .map(|(p, b)| evalsha_calls(&[*p]) - b)
+                .map(|(p, b)| script_calls(&[*p]) - b)
                 .collect();
             results[i].push((rate, lat, errors, per_node));
         }
@@ -306,7 +313,7 @@ async fn load(seconds: u64, clients: u64, backends: &[&str]) {
     );
     println!();
     println!(
-        "backend        | decisions/s (rounds)        | p50 µs | p99 µs | p999 µs | errors | EVALSHA per decision | per Redis node"
+        "backend        | decisions/s (rounds)        | p50 µs | p99 µs | p999 µs | errors | Redis calls per decision | per Redis node"
     );
     println!(
         "---------------|-----------------------------|--------|--------|---------|--------|----------------------|---------------"
@@ -360,7 +367,7 @@ async fn fleet(seconds: u64) {
     println!("4 nodes, load split {shares:?}, limit 1000/s, {seconds} s per row");
     println!();
     println!(
-        "algorithm      | offered/s | admitted/s | of admissible | worst second | over limit | EVALSHA per decision"
+        "algorithm      | offered/s | admitted/s | of admissible | worst second | over limit | Redis calls per decision"
     );
     println!(
         "---------------|-----------|------------|---------------|--------------|------------|---------------------"
@@ -381,7 +388,7 @@ async fn fleet(seconds: u64) {
             let now = SystemClock.now_micros();
             tokio::time::sleep(Duration::from_micros(1_000_000 - now % 1_000_000)).await;
             let start_second = SystemClock.now_micros() / 1_000_000;
-            let before = evalsha_calls(&redis.1);
+            let before = script_calls(&redis.1);
             let mut tasks = Vec::new();
             for (node, share) in nodes.iter().zip(shares) {
                 let node = node.clone();
@@ -421,7 +428,7 @@ async fn fleet(seconds: u64) {
                     *a += b;
                 }
             }
-            let calls = evalsha_calls(&redis.1) - before;
+            let calls = script_calls(&redis.1) - before;
             // The last second is partial (the run ends inside it); leave it out.
             let full = &per_second[..per_second.len() - 1];
             let admitted = full.iter().sum::<u64>() as f64 / full.len() as f64;

@@ -16,9 +16,9 @@
 //! - sliding_log stamps hits with the time they were charged, so early charges expire early.
 //!
 //! The price is under-admission: hits in other nodes' leases. A lease is sized from this node's
-//! own recent rate for the counter (`target` of its traffic), at most double the last one, and
-//! never more than a quarter of what remains, so near the limit a node falls back to one backend
-//! call per request.
+//! own recent rate for the counter (`target` of its traffic; up to its `ttl` of traffic while
+//! that is under 1/64 of what remains), at most double the last one, and never more than a
+//! quarter of what remains, so near the limit a node falls back to one backend call per request.
 //!
 //! [`LeaseTable`] is the bookkeeping (sharded, so threads do not queue on one lock);
 //! [`Leases`] is the store layer that uses it.
@@ -58,6 +58,9 @@ impl Default for LeaseOptions {
 
 /// A lease never takes more than 1/SHARE_DIVISOR of what the backend has left.
 const SHARE_DIVISOR: u64 = 4;
+/// A lease sized past `target` (up to its ttl's traffic) takes at most 1/ROOM_DIVISOR of what
+/// the backend has left.
+const ROOM_DIVISOR: u64 = 64;
 /// Rates are measured over at least this long, so two requests arriving together do not look
 /// like a flood.
 const MIN_RATE_SPAN_US: u64 = 10_000;
@@ -220,12 +223,20 @@ impl LeaseTable {
                 }
                 let span = now.saturating_sub(l.last_call_us).max(MIN_RATE_SPAN_US);
                 let used = l.used_since_call.saturating_add(c.hits);
-                let by_rate = u128::from(used) * self.options.target.as_micros() / u128::from(span);
-                let by_rate = u64::try_from(by_rate).unwrap_or(u64::MAX);
+                let traffic_in = |d: Duration| {
+                    let hits = u128::from(used) * d.as_micros() / u128::from(span);
+                    u64::try_from(hits).unwrap_or(u64::MAX)
+                };
+                let by_rate = traffic_in(self.options.target);
+                // Where the room left dwarfs it, a lease covers the traffic of its whole life
+                // (ttl), not just `target`: a counter with a few hits a second then gets a lease
+                // of a few hits instead of none, and still parks under 1/ROOM_DIVISOR of the
+                // room. Near the limit this floor shrinks away, and `by_share` rules.
+                let by_room = traffic_in(self.options.ttl).min(l.backend_remaining / ROOM_DIVISOR);
                 let by_growth = l.last_grant.saturating_mul(2).max(FIRST_LEASE);
                 let by_share = l.backend_remaining.saturating_sub(c.hits) / SHARE_DIVISOR;
                 Ask {
-                    extra: by_rate.min(by_growth).min(by_share),
+                    extra: by_rate.max(by_room).min(by_growth).min(by_share),
                     give_back,
                 }
             })
@@ -630,6 +641,36 @@ mod tests {
             };
             assert!(!t.is_hybrid(&strict), "a rule's own mode wins");
         }
+    }
+
+    #[test]
+    fn a_slow_counter_far_from_its_limit_leases_what_it_uses_in_a_ttl() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000_000, 60 * S, None).unwrap();
+        let c = check(&limit);
+        let asks = t.plan(&[c], clock.now_micros());
+        t.learn(
+            &[c],
+            &asks,
+            &answer(true, 999_999, 100 * S),
+            clock.now_micros(),
+        );
+        // One request every 200 ms: `target` (100 ms) of it is half a hit, no lease; the ttl
+        // (500 ms) of it is 2.5 hits, far under 1/64 of the room.
+        clock.advance(200_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert_eq!(asks[0].extra, 2);
+        t.learn(&[c], &asks, &answer(true, 100, 100 * S), clock.now_micros());
+        // 100 left: the floor is 100 / 64 = 1.
+        clock.advance(200_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert_eq!(asks[0].extra, 1);
+        t.learn(&[c], &asks, &answer(true, 50, 100 * S), clock.now_micros());
+        // 50 left: no floor, and 100 ms of traffic is under a hit: strict.
+        clock.advance(200_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert_eq!(asks[0].extra, 0);
     }
 
     #[test]
