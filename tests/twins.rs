@@ -225,8 +225,12 @@ fn case(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Case> {
 /// The state in the script's encoding (see the `.lua` files' headers), on a server holding
 /// nothing else (a window's key from an earlier case could be read).
 fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State) {
+    const TTL_MS: u64 = 3_600_000;
     let ints = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
-    let _: () = redis::cmd("FLUSHALL").query(conn).unwrap();
+    let mut run = |cmd: &mut redis::Cmd| {
+        let _: () = cmd.query(conn).unwrap();
+    };
+    run(&mut redis::cmd("FLUSHALL"));
     let value = match state {
         State::Empty => return,
         // An odd count in the form before the hash ("start_us count" under the key without
@@ -236,13 +240,12 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State) {
             let old_key = key
                 .strip_suffix(b"#")
                 .expect("a fixed window's key ends in #");
-            let _: () = redis::cmd("SET")
+            let value = ints(&[*start_us, *count]);
+            run(redis::cmd("SET")
                 .arg(old_key)
-                .arg(ints(&[*start_us, *count]))
+                .arg(value)
                 .arg("PX")
-                .arg(3_600_000)
-                .query(conn)
-                .unwrap();
+                .arg(TTL_MS));
             return;
         }
         State::Window { start_us, count } => {
@@ -252,17 +255,8 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State) {
             } else {
                 format!("{start_us}us")
             };
-            let _: () = redis::cmd("HSET")
-                .arg(key)
-                .arg(field)
-                .arg(count)
-                .query(conn)
-                .unwrap();
-            let _: () = redis::cmd("PEXPIRE")
-                .arg(key)
-                .arg(3_600_000)
-                .query(conn)
-                .unwrap();
+            run(redis::cmd("HSET").arg(key).arg(field).arg(count));
+            run(redis::cmd("PEXPIRE").arg(key).arg(TTL_MS));
             return;
         }
         State::Sliding {
@@ -274,22 +268,12 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State) {
         State::Log { total, stamps } => {
             let mut list = vec![total.to_string()];
             list.extend(stamps.iter().map(|s| ints(&[s.at_us, s.hits])));
-            let _: () = redis::cmd("RPUSH").arg(key).arg(list).query(conn).unwrap();
-            let _: () = redis::cmd("PEXPIRE")
-                .arg(key)
-                .arg(3_600_000)
-                .query(conn)
-                .unwrap();
+            run(redis::cmd("RPUSH").arg(key).arg(list));
+            run(redis::cmd("PEXPIRE").arg(key).arg(TTL_MS));
             return;
         }
     };
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("PX")
-        .arg(3_600_000)
-        .query(conn)
-        .unwrap();
+    run(redis::cmd("SET").arg(key).arg(value).arg("PX").arg(TTL_MS));
 }
 
 /// The Rust side of one step: the verdict and the state after it.
