@@ -232,16 +232,15 @@ impl RedisServer {
     pub fn fixed_window_counts(&self, pattern: &str) -> u64 {
         self.cli(&["--scan", "--pattern", pattern])
             .lines()
-            .flat_map(|key| {
-                let counts = self.cli(&["HVALS", key]);
-                counts
+            .map(|key| {
+                self.cli(&["HVALS", key])
                     .lines()
                     .map(|c| {
                         c.trim().parse::<u64>().unwrap_or_else(|_| {
                             panic!("{key} holds {c:?}, not a fixed window's count")
                         })
                     })
-                    .collect::<Vec<_>>()
+                    .sum::<u64>()
             })
             .sum()
     }

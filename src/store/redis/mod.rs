@@ -432,7 +432,7 @@ fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>) {
         .iter()
         .rposition(|&v| v != 0)
         .map_or(0, |last| last + 1);
-    let head = u64::from(limit.algorithm.id()) + 8 * kind + 32 * extra as u64;
+    let head = u64::from(algorithm.id()) + 8 * kind + 32 * extra as u64;
     args.extend([head, check.hits, limit.requests, limit.period_us]);
     args.extend_from_slice(&optional[..extra]);
 }

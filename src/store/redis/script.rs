@@ -92,20 +92,10 @@ impl Limiter {
         if !self.scripts_only.load(Ordering::Relaxed) {
             let fcall = self.command("FCALL", &self.name, call);
             match fcall.query_async(conn).await {
-                Err(e) if is_missing_function(&e) => {
-                    // Calls sent together miss together (a node's first burst, a server that
-                    // restarted): one loads the library, the others wait and call again. Each
-                    // load costs Redis ~0.6 ms; a node's first burst made ~40 of them.
-                    let _loading = self.loading.lock().await;
-                    match fcall.query_async(conn).await {
-                        Err(e) if is_missing_function(&e) => match self.load(conn).await {
-                            Ok(()) => return fcall.query_async(conn).await,
-                            Err(e) if is_refusal(&e) => self.use_scripts(&e),
-                            Err(e) => return Err(e),
-                        },
-                        other => return other,
-                    }
-                }
+                Err(e) if is_missing_function(&e) => match self.load_and_call(conn, &fcall).await {
+                    Ok(reply) => return reply,
+                    Err(refusal) => self.use_scripts(&refusal),
+                },
                 // An ACL that allows scripts but not FCALL.
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {
                     self.use_scripts(&e)
@@ -124,6 +114,27 @@ impl Limiter {
                 evalsha.query_async(conn).await
             }
             other => other,
+        }
+    }
+
+    /// `fcall` found no library: loads it and calls again. Calls sent together miss together (a
+    /// node's first burst, a server that restarted), so one loads at a time and the others,
+    /// when their turn comes, find it loaded and only call again; each load costs Redis ~0.6
+    /// ms, and a node's first burst made ~40 of them. Err: the server refuses to load it.
+    async fn load_and_call(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        fcall: &redis::Cmd,
+    ) -> Result<RedisResult<Vec<i64>>, RedisError> {
+        let _loading = self.loading.lock().await;
+        match fcall.query_async(conn).await {
+            Err(e) if is_missing_function(&e) => {}
+            other => return Ok(other),
+        }
+        match self.load(conn).await {
+            Ok(()) => Ok(fcall.query_async(conn).await),
+            Err(e) if is_refusal(&e) => Err(e),
+            Err(e) => Ok(Err(e)),
         }
     }
 

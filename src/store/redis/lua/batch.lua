@@ -40,8 +40,15 @@ local function decide(now, key, alg, hits, requests, period, burst, tick, cap)
   return decide_of[alg](key, now, hits, requests, period, burst, tick, cap)
 end
 
--- What a probe sees after a refund is what the refund reports.
-local function refund(now, key, alg, hits, requests, period, burst, tick, cap)
+-- A cost limit's charge was spent already: it is recorded whatever the batch decides.
+local function is_charge(hits, requests, cap)
+  return cap > 0 and hits > 0 and requests > 0
+end
+
+-- What a probe sees after a refund is what the refund reports. A lease's leftover may only go
+-- back to the window it came from: after `refund_until` (0: no such bound) nothing goes back.
+local function refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
+  if refund_until ~= 0 and now >= refund_until then hits = 0 end
   if requests == 0 then
     local _, r, reset, retry = never(now, 0, period)
     return 1, r, reset, retry
@@ -82,13 +89,13 @@ local function batch(keys, argv)
     local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(argv, 2)
     local key = keys[1]
     if kind == REFUND then
-      if refund_until ~= 0 and now >= refund_until then hits = 0 end
-      local a, r, reset, retry = refund(now, key, alg, hits, requests, period, burst, tick, cap)
+      local a, r, reset, retry =
+        refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
       return { 1, now, a, r, reset, retry }
     end
     local a, r, reset, retry, w1, w2, w3, w4 =
       decide(now, key, alg, hits, requests, period, burst, tick, cap)
-    if w1 ~= nil and (a == 1 or (cap > 0 and hits > 0 and requests > 0)) then
+    if w1 ~= nil and (a == 1 or is_charge(hits, requests, cap)) then
       commit_of[alg](key, now, requests, period, burst, tick, cap, w1, w2, w3, w4)
     end
     local allowed = 1
@@ -117,9 +124,8 @@ local function batch(keys, argv)
         decide(now, keys[i], alg, hits, requests, period, burst, tick, cap)
       local o = 2 + (i - 1) * 4
       reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = a, r, reset, retry
-      -- A cost limit's charge was spent already: recorded whatever the batch does.
       local charge = 0
-      if cap > 0 and hits > 0 and requests > 0 then charge = 1 end
+      if is_charge(hits, requests, cap) then charge = 1 end
       if w1 ~= nil and (a == 1 or charge == 1) then
         local p = #pending
         pending[p + 1], pending[p + 2], pending[p + 3] = i, at, charge
@@ -146,12 +152,11 @@ local function batch(keys, argv)
   -- Refunds apply whatever the decision: they return hits an earlier request consumed.
   for p = 1, #refunds, 2 do
     local i = refunds[p]
-    local alg, _, hits, requests, period, burst, tick, cap, refund_until = check_at(argv, refunds[p + 1])
-    -- A lease's leftover may only go back to the window it came from.
-    if refund_until ~= 0 and now >= refund_until then hits = 0 end
+    local alg, _, hits, requests, period, burst, tick, cap, refund_until =
+      check_at(argv, refunds[p + 1])
     local o = 2 + (i - 1) * 4
     reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] =
-      refund(now, keys[i], alg, hits, requests, period, burst, tick, cap)
+      refund(now, keys[i], alg, hits, requests, period, burst, tick, cap, refund_until)
   end
   reply[1] = allowed
   return reply

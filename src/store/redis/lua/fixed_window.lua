@@ -42,12 +42,12 @@ local function fixed_window_store(key, field, now, period, from, to, held)
   end
 end
 
--- Writes: the new count, the window's field, the count before (negative: the hash does not
--- hold it yet, -1 - count).
+-- Writes: the new count, the window's field, the count before, and whether the hash holds
+-- it (1) or not yet (0).
 local function fixed_window_decide(key, now, hits, requests, period, burst, tick, cap)
   local start, field, count, held = fixed_window_current(key, now, period)
-  local before = count
-  if not held then before = -1 - count end
+  local in_hash = 0
+  if held then in_hash = 1 end
   local to_end = start + period - now
   if cap > 0 then
     -- Overdraft: allowed while under the limit, every hit counted (up to the cap).
@@ -55,23 +55,19 @@ local function fixed_window_decide(key, now, hits, requests, period, burst, tick
     local write = nil
     if hits > 0 then write = next_count end
     if count < requests then
-      return 1, math.max(requests - next_count, 0), to_end, 0, write, field, before
+      return 1, math.max(requests - next_count, 0), to_end, 0, write, field, count, in_hash
     end
-    return 0, math.max(requests - count, 0), to_end, to_end, write, field, before
+    return 0, math.max(requests - count, 0), to_end, to_end, write, field, count, in_hash
   end
   if hits <= requests and count <= requests - hits then
-    return 1, requests - count - hits, to_end, 0, count + hits, field, before
+    return 1, requests - count - hits, to_end, 0, count + hits, field, count, in_hash
   end
   return 0, math.max(requests - count, 0), to_end, to_end
 end
 
 local function fixed_window_commit(key, now, requests, period, burst, tick, cap, count, field,
-                                   before)
-  if before >= 0 then
-    fixed_window_store(key, field, now, period, before, count, true)
-  else
-    fixed_window_store(key, field, now, period, -1 - before, count, false)
-  end
+                                   before, in_hash)
+  fixed_window_store(key, field, now, period, before, count, in_hash == 1)
 end
 
 local function fixed_window_refund(key, now, hits, requests, period, burst, tick, cap)
