@@ -2,24 +2,47 @@
 //! shards it touches in ascending order (so two batches never deadlock), decides every check,
 //! then commits all or nothing before unlocking.
 //!
-//! Each shard keeps an expiry index (a min-heap of when its keys empty), so a store at
-//! `max_keys` reclaims expired keys in O(log n) each — from a rotating walk over the shards'
-//! heap tops, with a hint that skips the walk while nothing can have expired — instead of
-//! sweeping every key per request. Checks of zero hits never create a key. The full sweep runs
-//! from `housekeeping`, which the server calls on a blocking thread.
+//! ## A counter in 49 bytes
+//!
+//! The store holds millions of counters, so an [`Entry`] is packed: a key's [`KeyId`] (16
+//! bytes), its state's integers (24) and one word holding the state's kind and when it is empty
+//! again (8), plus the table's control byte. [`State`] itself is 32 bytes (an enum tag and three
+//! integers) and would make it 56. A sliding log's boxed stamps don't fit the words: its whole
+//! state lives in the shard's `logs` table, and its entry only says so.
 //!
 //! A key is held as its [`KeyId`], two independent keyed SipHashes of its bytes (128 bits), not
-//! as the bytes: a typical key is ~55 bytes in an allocation of its own, and the store holds
-//! millions. Two keys share an id with probability ~n²/2^129 (at 10 million keys, ~10^-25), and
-//! the hash keys are random per process, so no one can make two descriptors collide on
-//! purpose. The readable key is what `sluice explain` shows; the store never needs it back.
+//! as the bytes: a typical key is ~55 bytes in an allocation of its own. Two keys share an id
+//! with probability ~n²/2^129 (at 10 million keys, ~10^-25), and the hash keys are random per
+//! process, so no one can make two descriptors collide on purpose. The readable key is what
+//! `sluice explain` shows; the store never needs it back.
+//!
+//! ## Shards of unequal size
+//!
+//! A hash table doubles when it is 7/8 full, so it is between 44 % and 88 % full. Shards of
+//! equal size all double at the same count, and the whole store's bytes per key would saw
+//! between 56 and 112 with the number of keys. Shard `i` instead takes a share of the keys
+//! proportional to 2^(i/256): the shards' sizes spread evenly over one doubling, so at any count
+//! they sit at every point of their growth at once, and the store is on average ~60 % full:
+//! ~80 bytes per key whatever the count. The largest shard gets twice the smallest's traffic,
+//! which 256 locks absorb.
+//!
+//! ## Forgetting empty keys
+//!
+//! Every entry carries when its state is empty again. The full sweep (`housekeeping`, which the
+//! server runs on a blocking thread) drops the empty keys of every shard. A store at `max_keys`
+//! also reclaims room per request, in bounded work: each shard has a clock hand that walks its
+//! buckets a few hundred at a time and drops the empty keys it passes. Each shard also knows a
+//! time before which none of its keys empties (exact after a sweep or a full lap of the hand,
+//! lowered by every write), so the walk skips shards with nothing to give, and a full store
+//! under a flood of new keys stops walking at all until the earliest of those times.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
 
 use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
 use crate::clock::Clock;
@@ -32,78 +55,228 @@ const SHARDS: usize = 256;
 struct KeyId([u64; 2]);
 
 impl KeyId {
-    /// The table's hash (and, by its bits 32.., the shard).
+    /// The table's hash: its low bits pick the bucket and its top 7 bits are the control byte's
+    /// tag. Bits 24..56 pick the shard (see [`MemoryStore::shard_of`]), so the three are
+    /// independent.
     fn hash(self) -> u64 {
         self.0[0]
     }
 }
 
-struct Entry {
-    id: KeyId,
-    state: State,
-    /// When `state` is empty again; the sweeper forgets the key then.
-    expires_at_us: u64,
+/// Which [`State`] an entry's words hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Window = 0,
+    Sliding = 1,
+    Meter = 2,
+    /// The state is in the shard's `logs`.
+    Log = 3,
 }
 
-/// A shard's keys and its expiry index: `(expires_at_us, hash)` per key, pushed when the key
-/// is created. A key whose expiry moved later is pushed again when its old item comes up; an
-/// item whose key is gone is dropped then.
-#[derive(Default)]
+const KIND_BITS: u32 = 2;
+const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
+
+/// A counter: see the module's docs.
+struct Entry {
+    id: KeyId,
+    words: [u64; 3],
+    /// The [`Kind`] in the low bits and, above them, when the state is empty again (µs).
+    kind_and_expiry: u64,
+}
+
+// Packed on purpose: see the module's docs.
+const _: () = assert!(std::mem::size_of::<Entry>() == 48);
+
+impl Entry {
+    fn new(id: KeyId) -> Self {
+        Entry {
+            id,
+            words: [0; 3],
+            kind_and_expiry: Kind::Window as u64,
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self.kind_and_expiry & KIND_MASK {
+            0 => Kind::Window,
+            1 => Kind::Sliding,
+            2 => Kind::Meter,
+            _ => Kind::Log,
+        }
+    }
+
+    fn expires_at_us(&self) -> u64 {
+        self.kind_and_expiry >> KIND_BITS
+    }
+
+    /// The state, unless it is a log (kept in the shard's `logs`).
+    fn state(&self) -> Option<State> {
+        let [a, b, c] = self.words;
+        Some(match self.kind() {
+            Kind::Window => State::Window {
+                start_us: a,
+                count: b,
+            },
+            Kind::Sliding => State::Sliding {
+                start_us: a,
+                current: b,
+                previous: c,
+            },
+            Kind::Meter => State::Meter { level: a, at_us: b },
+            Kind::Log => return None,
+        })
+    }
+
+    /// Stores `state`, empty at `expires_at_us`. Returns it back if it is a log, for the
+    /// shard's `logs`.
+    fn set(&mut self, state: State, expires_at_us: u64) -> Option<State> {
+        let (kind, words, log) = match state {
+            State::Window { start_us, count } => (Kind::Window, [start_us, count, 0], None),
+            State::Sliding {
+                start_us,
+                current,
+                previous,
+            } => (Kind::Sliding, [start_us, current, previous], None),
+            State::Meter { level, at_us } => (Kind::Meter, [level, at_us, 0], None),
+            // Never stored (a commit forgets an empty key); a window of zero hits is empty too.
+            State::Empty => (Kind::Window, [0; 3], None),
+            log @ State::Log { .. } => (Kind::Log, [0; 3], Some(log)),
+        };
+        self.words = words;
+        // The last µs the word can say is in the year ~75 000: later is as good as never.
+        self.kind_and_expiry = expires_at_us.min(u64::MAX >> KIND_BITS) << KIND_BITS | kind as u64;
+        log
+    }
+}
+
+static EMPTY: State = State::Empty;
+
+/// A shard's keys, and what its reclaiming walk knows about them.
 struct Shard {
-    table: hashbrown::HashTable<Entry>,
-    expiry: BinaryHeap<Reverse<(u64, u64)>>,
+    table: HashTable<Entry>,
+    /// Sliding logs' states, whole (their stamps are boxed; few keys use one).
+    logs: HashTable<(KeyId, State)>,
+    /// No key here is empty before this: exact after a sweep or a clean lap of the hand,
+    /// lowered by every write in between.
+    earliest_expiry_us: u64,
+    /// The next bucket the reclaiming walk looks at.
+    hand: usize,
+    /// The earliest expiry the hand has passed on this lap, and every write's since it began.
+    lap_earliest_us: u64,
+    /// No key was inserted since the lap began. An insert may rehash the table and move keys
+    /// behind the hand, so only a clean lap has seen every key.
+    lap_clean: bool,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard {
+            table: HashTable::new(),
+            logs: HashTable::new(),
+            earliest_expiry_us: u64::MAX,
+            hand: 0,
+            lap_earliest_us: u64::MAX,
+            lap_clean: true,
+        }
+    }
 }
 
 impl Shard {
-    /// When its earliest key may empty (u64::MAX: none).
-    fn next_expiry(&self) -> u64 {
-        self.expiry.peek().map_or(u64::MAX, |Reverse((at, _))| *at)
+    fn find(&self, id: KeyId) -> Option<&Entry> {
+        self.table.find(id.hash(), |e| e.id == id)
     }
 
-    /// Drops up to `wanted` expired keys, popping at most `budget` index items. It stops at
-    /// `wanted`: each item costs a heap pop and a table removal under this shard's lock, and
-    /// the requests on this shard's live keys wait for it. Returns how many it dropped.
+    /// The key's state, if the shard holds the key.
+    fn state(&self, id: KeyId) -> Option<Cow<'_, State>> {
+        let entry = self.find(id)?;
+        Some(match entry.state() {
+            Some(state) => Cow::Owned(state),
+            None => Cow::Borrowed(
+                self.logs
+                    .find(id.hash(), |(k, _)| *k == id)
+                    .map_or(&EMPTY, |(_, state)| state),
+            ),
+        })
+    }
+
+    /// Takes a log's state out of `logs`.
+    fn take_log(logs: &mut HashTable<(KeyId, State)>, id: KeyId) -> State {
+        match logs.find_entry(id.hash(), |(k, _)| *k == id) {
+            Ok(entry) => entry.remove().0.1,
+            Err(_) => State::Empty,
+        }
+    }
+
+    /// Notes a key's new expiry for the walk's bounds.
+    fn expires_at(&mut self, at: u64) {
+        self.earliest_expiry_us = self.earliest_expiry_us.min(at);
+        self.lap_earliest_us = self.lap_earliest_us.min(at);
+    }
+
+    /// Drops up to `wanted` empty keys, moving the hand over at most `budget` buckets. It stops
+    /// at `wanted`: the requests on this shard's live keys wait for its lock. Returns how many
+    /// it dropped.
     fn reclaim(&mut self, now: u64, budget: &mut usize, wanted: usize) -> usize {
         let mut dropped = 0;
-        while *budget > 0 && dropped < wanted {
-            let Some(&Reverse((at, hash))) = self.expiry.peek() else {
-                break;
-            };
-            if at > now {
-                break;
-            }
-            self.expiry.pop();
-            *budget -= 1;
-            match self.table.find_entry(hash, |e| e.id.hash() == hash) {
-                Ok(entry) if entry.get().expires_at_us <= now => {
-                    entry.remove();
-                    dropped += 1;
+        while self.earliest_expiry_us <= now && *budget > 0 && dropped < wanted {
+            if self.hand >= self.table.num_buckets() {
+                if self.lap_clean {
+                    self.earliest_expiry_us = self.lap_earliest_us;
                 }
-                // Its state moved on: index it at its new expiry.
-                Ok(entry) => self.expiry.push(Reverse((entry.get().expires_at_us, hash))),
-                Err(_) => {}
+                self.hand = 0;
+                self.lap_earliest_us = u64::MAX;
+                self.lap_clean = true;
+                if self.table.is_empty() {
+                    self.earliest_expiry_us = u64::MAX;
+                }
+                continue;
             }
+            *budget -= 1;
+            let bucket = self.hand;
+            self.hand += 1;
+            let Ok(entry) = self.table.get_bucket_entry(bucket) else {
+                continue;
+            };
+            let at = entry.get().expires_at_us();
+            if at > now {
+                self.lap_earliest_us = self.lap_earliest_us.min(at);
+                continue;
+            }
+            let (gone, _) = entry.remove();
+            if gone.kind() == Kind::Log {
+                Self::take_log(&mut self.logs, gone.id);
+            }
+            dropped += 1;
         }
         dropped
     }
 
-    /// Forgets every key empty by `now`, and rebuilds the index when stale items dominate it.
+    /// Forgets every key empty by `now`. Returns how many.
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.table.len();
-        self.table.retain(|e| e.expires_at_us > now);
-        if self.expiry.len() > 2 * self.table.len() + 16 {
-            self.expiry = self
-                .table
-                .iter()
-                .map(|e| Reverse((e.expires_at_us, e.id.hash())))
-                .collect();
-        }
+        let mut earliest = u64::MAX;
+        let logs = &mut self.logs;
+        self.table.retain(|e| {
+            let at = e.expires_at_us();
+            if at > now {
+                earliest = earliest.min(at);
+                return true;
+            }
+            if e.kind() == Kind::Log {
+                Self::take_log(logs, e.id);
+            }
+            false
+        });
+        self.earliest_expiry_us = earliest;
+        self.hand = 0;
+        self.lap_earliest_us = u64::MAX;
+        self.lap_clean = true;
         before - self.table.len()
     }
 }
 
-/// Most index items one request pops when the store is full.
-const RECLAIM_BUDGET: usize = 64;
+/// Most buckets one request's reclaiming walk passes when the store is full (~1–2 µs).
+const RECLAIM_BUDGET: usize = 512;
 
 /// One check's place during a batch.
 struct Slot {
@@ -115,19 +288,11 @@ struct Slot {
     always: bool,
 }
 
-/// The first half of a [`KeyId`] (std's keyed, HashDoS-resistant SipHash), computed once per
-/// check: bits 32.. pick the shard, and the table uses the low bits and the top 7, so the two
-/// choices are independent.
-fn shard_index(hash: u64) -> usize {
-    ((hash >> 32) % SHARDS as u64) as usize
-}
-
-fn find(shard: &Shard, id: KeyId) -> Option<&Entry> {
-    shard.table.find(id.hash(), |e| e.id == id)
-}
-
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
+    /// Shard `i` takes the hashes below `shard_bounds[i]` (and at or above the one before):
+    /// shares proportional to 2^(i/256), see the module's docs.
+    shard_bounds: Box<[u32]>,
     /// Two independently keyed hashers: a key's [`KeyId`].
     hashers: [RandomState; 2],
     clock: Arc<dyn Clock>,
@@ -135,8 +300,8 @@ pub struct MemoryStore {
     keys: AtomicUsize,
     /// Where the next reclaiming walk starts.
     reclaim_cursor: AtomicUsize,
-    /// No key can be empty before this (the earliest heap top the last fruitless walk saw):
-    /// a full store under a flood of new keys does not walk the shards per request.
+    /// No key can be empty before this (the earliest bound the last fruitless walk saw): a full
+    /// store under a flood of new keys does not walk the shards per request.
     nothing_expires_before_us: AtomicU64,
 }
 
@@ -149,18 +314,28 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
-static EMPTY: State = State::Empty;
-
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding a shard cannot leave an entry half-written (every write is one
     // insert or remove), so a poisoned lock is still consistent.
     shard.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Where each shard's hashes end: shard `i`'s share of 2^32 is proportional to 2^(i/SHARDS).
+fn shard_bounds() -> Box<[u32]> {
+    (1..=SHARDS)
+        .map(|i| {
+            let share = (i as f64 / SHARDS as f64).exp2() - 1.0;
+            // The last bound is 2^32 - 1: a hash of u32::MAX belongs to the last shard too.
+            (share * 4_294_967_296.0).min(u32::MAX as f64) as u32
+        })
+        .collect()
+}
+
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_bounds: shard_bounds(),
             hashers: [RandomState::new(), RandomState::new()],
             clock,
             max_keys,
@@ -179,6 +354,25 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Bytes the shards' tables hold (allocated, full or not): what the counters cost, less the
+    /// sliding logs' stamps.
+    pub fn table_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                s.table.allocation_size() + s.logs.allocation_size()
+            })
+            .sum()
+    }
+
+    fn shard_of(&self, id: KeyId) -> usize {
+        let bits = (id.hash() >> 24) as u32;
+        self.shard_bounds
+            .partition_point(|&end| end <= bits)
+            .min(SHARDS - 1)
+    }
+
     /// Forgets every key whose state is empty by now. Returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_micros();
@@ -191,9 +385,9 @@ impl MemoryStore {
         dropped
     }
 
-    /// Frees room for `needed` keys from the expiry indexes: a walk over the shards from a
-    /// rotating start, one lock at a time, popping at most `RECLAIM_BUDGET` items in all.
-    /// Bounded work whatever the store holds. Returns whether anything was freed.
+    /// Frees room for `needed` keys: a walk over the shards from a rotating start, one lock at a
+    /// time, moving their hands over at most `RECLAIM_BUDGET` buckets in all. Bounded work
+    /// whatever the store holds. Returns whether anything was freed.
     fn reclaim(&self, needed: usize) -> bool {
         let now = self.clock.now_micros();
         if now < self.nothing_expires_before_us.load(Ordering::Relaxed) {
@@ -206,14 +400,15 @@ impl MemoryStore {
         for i in 0..SHARDS {
             let mut shard = lock(&self.shards[(start + i) % SHARDS]);
             freed += shard.reclaim(now, &mut budget, needed - freed);
-            earliest = earliest.min(shard.next_expiry());
+            earliest = earliest.min(shard.earliest_expiry_us);
             drop(shard);
             if freed >= needed || budget == 0 {
                 break;
             }
         }
         self.keys.fetch_sub(freed, Ordering::Relaxed);
-        if freed == 0 {
+        // Every shard was looked at and none has anything to give before `earliest`.
+        if freed == 0 && budget > 0 {
             self.nothing_expires_before_us
                 .store(earliest, Ordering::Relaxed);
         }
@@ -245,7 +440,7 @@ impl MemoryStore {
                 let id = self.id(c.key);
                 Slot {
                     id,
-                    shard: shard_index(id.hash()),
+                    shard: self.shard_of(id),
                     update: None,
                     always: c.always_applied(),
                 }
@@ -270,9 +465,9 @@ impl MemoryStore {
                 continue;
             }
             let shard = &guards[guard_of(slots[i].shard)];
-            let committed = find(shard, slots[i].id).map(|e| &e.state);
+            let committed = shard.state(slots[i].id);
             let (verdict, update) =
-                limiter::decide(c.limit, committed.unwrap_or(&EMPTY), now, c.hits);
+                limiter::decide(c.limit, committed.as_deref().unwrap_or(&EMPTY), now, c.hits);
             // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
             // update says: a probe must not take room.
             let looks_at_nothing = committed.is_none() && c.hits == 0;
@@ -310,14 +505,15 @@ impl MemoryStore {
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter().zip(&mut verdicts)) {
             if c.kind == CheckKind::Refund {
                 let shard = &mut guards[guard_of(slot.shard)];
-                let current = find(shard, slot.id).map_or(&EMPTY, |e| &e.state);
                 // A lease's leftover may only go back to the window it came from.
                 let hits = if c.until_us != 0 && now >= c.until_us {
                     0
                 } else {
                     c.hits
                 };
-                let (refunded, next) = limiter::refund(c.limit, current, now, hits);
+                let current = shard.state(slot.id);
+                let (refunded, next) =
+                    limiter::refund(c.limit, current.as_deref().unwrap_or(&EMPTY), now, hits);
                 *verdict = refunded;
                 self.commit(shard, c, slot.id, Update::Set(next));
             }
@@ -335,32 +531,35 @@ impl MemoryStore {
         if update == Update::Keep {
             return;
         }
-        let entry = shard
-            .table
-            .entry(id.hash(), |e| e.id == id, |e| e.id.hash());
-        let mut occupied = match entry {
-            hashbrown::hash_table::Entry::Occupied(o) => o,
-            hashbrown::hash_table::Entry::Vacant(v) => {
+        let Shard { table, logs, .. } = shard;
+        // `find_entry`, not `entry`: only an insert may rehash the table (see `lap_clean`).
+        let (mut entry, inserted) = match table.find_entry(id.hash(), |e| e.id == id) {
+            Ok(entry) => (entry, false),
+            Err(absent) => {
                 self.keys.fetch_add(1, Ordering::Relaxed);
-                v.insert(Entry {
-                    id,
-                    state: State::Empty,
-                    expires_at_us: 0,
-                })
+                let entry = absent
+                    .into_table()
+                    .insert_unique(id.hash(), Entry::new(id), |e| e.id.hash());
+                (entry, true)
             }
         };
-        let e = occupied.get_mut();
-        let new = e.expires_at_us == 0;
-        e.state.apply(update);
-        if e.state.is_empty() {
-            occupied.remove();
+        let mut state = match (inserted, entry.get().state()) {
+            (true, _) => State::Empty,
+            (false, Some(state)) => state,
+            (false, None) => Shard::take_log(logs, id),
+        };
+        state.apply(update);
+        if state.is_empty() {
+            entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
-        } else {
-            e.expires_at_us = e.state.expires_at_us(check.limit);
-            if new {
-                shard.expiry.push(Reverse((e.expires_at_us, id.hash())));
-            }
+            return;
         }
+        let at = state.expires_at_us(check.limit);
+        if let Some(log) = entry.get_mut().set(state, at) {
+            logs.insert_unique(id.hash(), (id, log), |(k, _)| k.hash());
+        }
+        shard.expires_at(at);
+        shard.lap_clean &= !inserted;
     }
 }
 

@@ -144,3 +144,120 @@ fn concurrent_requests_never_admit_more_than_the_limit() {
         assert_eq!(admitted.load(Ordering::Relaxed), 500, "{algorithm}");
     }
 }
+
+#[test]
+fn every_state_survives_the_packed_entry() {
+    let (clock, s) = store(100);
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(algorithm, 5, 60 * S, None).unwrap();
+        let key = algorithm.name().as_bytes();
+        for hit in 1..=5 {
+            let out = s.apply_now(&[check(key, &limit, 1)]).unwrap();
+            assert!(out.allowed, "{algorithm}: hit {hit}");
+            assert_eq!(out.verdicts[0].remaining, 5 - hit, "{algorithm}");
+            clock.advance(1_000);
+        }
+        assert!(!s.apply_now(&[check(key, &limit, 1)]).unwrap().allowed);
+    }
+    // Only the sliding log's state lives beside its entry.
+    let logs: usize = s.shards.iter().map(|sh| lock(sh).logs.len()).sum();
+    assert_eq!(logs, 1);
+    clock.advance(3_600 * S);
+    assert_eq!(s.sweep(), Algorithm::ALL.len());
+    let logs: usize = s.shards.iter().map(|sh| lock(sh).logs.len()).sum();
+    assert_eq!(logs, 0, "a forgotten log's stamps are dropped too");
+}
+
+#[test]
+fn a_log_that_becomes_another_state_leaves_the_logs() {
+    let (_, s) = store(100);
+    let log = Limit::new(Algorithm::SlidingLog, 5, 60 * S, None).unwrap();
+    let window = Limit::new(Algorithm::FixedWindow, 5, 60 * S, None).unwrap();
+    s.apply_now(&[check(b"k", &log, 2)]).unwrap();
+    // A reload that gives the key another algorithm (the engine's keys say the algorithm, but
+    // the store must not depend on it).
+    let out = s.apply_now(&[check(b"k", &window, 1)]).unwrap();
+    assert!(out.allowed);
+    let logs: usize = s.shards.iter().map(|sh| lock(sh).logs.len()).sum();
+    assert_eq!(logs, 0);
+    assert_eq!(s.len(), 1);
+}
+
+#[test]
+fn a_full_store_finds_its_few_empty_keys_in_bounded_walks() {
+    let keys = 20_000;
+    let (clock, s) = store(keys);
+    let long = Limit::new(Algorithm::FixedWindow, 10, 3_600 * S, None).unwrap();
+    let short = Limit::new(Algorithm::FixedWindow, 10, S, None).unwrap();
+    for n in 0..keys {
+        // Every 1000th key empties after a second; the rest hold for an hour.
+        let limit = if n % 1_000 == 0 { &short } else { &long };
+        s.apply_now(&[check(format!("k{n}").as_bytes(), limit, 1)])
+            .unwrap();
+    }
+    assert!(matches!(
+        s.apply_now(&[check(b"new0", &long, 1)]),
+        Err(StoreError::Full(_))
+    ));
+    clock.advance(2 * S);
+    // 20 empty keys among ~30 000 buckets, 512 buckets a request: each one is found within a
+    // lap of the hands, and no request walks more than its budget.
+    let mut admitted = 0;
+    for n in 1..=200 {
+        if s.apply_now(&[check(format!("new{n}").as_bytes(), &long, 1)])
+            .is_ok()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 20);
+    assert_eq!(s.len(), keys);
+    // Nothing else empties for an hour: once every shard has been looked at, requests stop
+    // walking (the store remembers the earliest bound).
+    let hint = s.nothing_expires_before_us.load(Ordering::Relaxed);
+    assert!(hint > clock.now_micros(), "{hint}");
+    clock.advance(3_600 * S);
+    assert!(s.apply_now(&[check(b"later", &long, 1)]).is_ok());
+}
+
+#[test]
+fn a_key_whose_state_moved_on_is_not_reclaimed_early() {
+    let (clock, s) = store(2);
+    let bucket = Limit::new(Algorithm::TokenBucket, 10, 10 * S, None).unwrap();
+    // `a` empties at 1 s, then a hit at 0.5 s moves that to 1.5 s.
+    s.apply_now(&[check(b"a", &bucket, 1), check(b"b", &bucket, 10)])
+        .unwrap();
+    clock.advance(S / 2);
+    s.apply_now(&[check(b"a", &bucket, 1)]).unwrap();
+    clock.advance(S * 3 / 4);
+    // At 1.25 s neither key is empty: no room, and `a` keeps its count.
+    assert!(matches!(
+        s.apply_now(&[check(b"c", &bucket, 1)]),
+        Err(StoreError::Full(2))
+    ));
+    let out = s.apply_now(&[check(b"a", &bucket, 0)]).unwrap();
+    assert!(out.verdicts[0].remaining < 10);
+    clock.advance(10 * S);
+    assert!(s.apply_now(&[check(b"c", &bucket, 1)]).is_ok());
+}
+
+#[test]
+fn shard_shares_spread_over_one_doubling() {
+    let bounds = shard_bounds();
+    assert_eq!(bounds.len(), SHARDS);
+    assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(*bounds.last().unwrap(), u32::MAX);
+    let share = |i: usize| bounds[i] as f64 - if i == 0 { 0.0 } else { bounds[i - 1] as f64 };
+    let ratio = share(SHARDS - 1) / share(0);
+    assert!((1.98..2.0).contains(&ratio), "{ratio}");
+    // Keys land by those shares.
+    let (_, s) = store(usize::MAX);
+    let mut counts = vec![0usize; SHARDS];
+    for n in 0..200_000u32 {
+        counts[s.shard_of(s.id(&n.to_le_bytes()))] += 1;
+    }
+    let first: usize = counts[..32].iter().sum();
+    let last: usize = counts[SHARDS - 32..].iter().sum();
+    let ratio = last as f64 / first as f64;
+    assert!((1.7..2.1).contains(&ratio), "{ratio}");
+}
