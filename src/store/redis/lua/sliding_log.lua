@@ -2,8 +2,8 @@
 -- stamps' hits and whose other elements are stamps "at_us hits", oldest first.
 
 local function sliding_log_stamp(s)
-  local at, h = string.match(s, '(%d+) (%d+)')
-  return tonumber(at), tonumber(h)
+  local space = string.find(s, ' ', 1, true)
+  return tonumber(string.sub(s, 1, space - 1)), tonumber(string.sub(s, space + 1))
 end
 
 -- The total (nil: no log), how many of the oldest stamps have expired and their hits, and
