@@ -191,7 +191,7 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_MODE", default_value = "strict")]
     mode: Mode,
     /// Hybrid: a lease is used at most this long before its leftover goes back to Redis.
-    #[arg(long, env = "SLUICE_LEASE_TTL", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_LEASE_TTL", default_value = "2s", value_parser = parse_duration)]
     lease_ttl: Duration,
     /// Hybrid: a lease covers about this much of the node's recent traffic for its counter.
     #[arg(long, env = "SLUICE_LEASE_TARGET", default_value = "100ms", value_parser = parse_duration)]

@@ -49,7 +49,7 @@ impl Default for LeaseOptions {
     fn default() -> Self {
         Self {
             default_mode: Mode::Strict,
-            ttl: Duration::from_millis(500),
+            ttl: Duration::from_secs(2),
             target: Duration::from_millis(100),
             max_entries: 100_000,
         }
@@ -77,6 +77,10 @@ struct Lease {
     use_until_us: u64,
     /// Backend clock: the end of the window `left` was charged to (the refund's guard).
     window_end_us: u64,
+    /// Local clock: by then that window has certainly ended (the answer's arrival plus what
+    /// was left of the window when Redis decided), and a leftover is not worth a refund: Redis
+    /// would drop it.
+    window_over_us: u64,
     /// What the backend had left after the last call, not counting `left`.
     backend_remaining: u64,
     /// Local clock: when the limit is fully replenished, as the backend last said.
@@ -212,7 +216,11 @@ impl LeaseTable {
                 let Some(l) = entries.get_mut(c.key) else {
                     return Ask::default();
                 };
-                let give_back = (l.left > 0).then_some((l.left, l.limit, l.window_end_us));
+                let give_back = (l.left > 0 && now < l.window_over_us).then_some((
+                    l.left,
+                    l.limit,
+                    l.window_end_us,
+                ));
                 l.left = 0;
                 if l.limit != *c.limit {
                     // The rules changed: the old lease goes back and no rate is known yet.
@@ -254,6 +262,8 @@ impl LeaseTable {
         sent_at: u64,
     ) -> Vec<Verdict> {
         let mut verdicts = outcome.verdicts[..checks.len()].to_vec();
+        // Redis decided before the answer arrived: no earlier than `sent_at`, no later than now.
+        let received_at = self.now();
         for (i, c) in checks.iter().enumerate() {
             if !self.is_hybrid(c) {
                 continue;
@@ -274,6 +284,7 @@ impl LeaseTable {
                 left: 0,
                 use_until_us: 0,
                 window_end_us: 0,
+                window_over_us: 0,
                 backend_remaining: 0,
                 reset_at_us: 0,
                 last_call_us: sent_at,
@@ -293,16 +304,19 @@ impl LeaseTable {
                 // no later than the window does.
                 let to_end = window_end - backend_now;
                 let use_until = sent_at + to_end.min(self.options.ttl.as_micros() as u64);
+                let window_over = received_at + to_end;
                 if l.left > 0 && l.window_end_us == window_end && sent_at < l.use_until_us {
                     // A concurrent call's lease of the same window: hold both, until the
                     // earlier deadline.
                     l.left += extra;
                     l.use_until_us = l.use_until_us.min(use_until);
+                    l.window_over_us = l.window_over_us.min(window_over);
                 } else {
                     // Any other leftover has run out (its window or its ttl ended): dropping it
                     // can only under-admit.
                     l.left = extra;
                     l.use_until_us = use_until;
+                    l.window_over_us = window_over;
                 }
                 l.window_end_us = window_end;
                 l.last_grant = extra;
@@ -376,13 +390,15 @@ impl LeaseTable {
         self.entries.for_each_shard(|entries| {
             entries.retain(|key, l| {
                 if l.left > 0 && (all || now >= l.use_until_us) {
-                    out.push(Returned {
-                        key: key.clone(),
-                        tag: l.tag.clone(),
-                        limit: l.limit,
-                        hits: l.left,
-                        until_us: l.window_end_us,
-                    });
+                    if now < l.window_over_us {
+                        out.push(Returned {
+                            key: key.clone(),
+                            tag: l.tag.clone(),
+                            limit: l.limit,
+                            hits: l.left,
+                            until_us: l.window_end_us,
+                        });
+                    }
                     l.left = 0;
                 }
                 l.left > 0 || now < l.last_call_us.saturating_add(stale)
@@ -646,7 +662,14 @@ mod tests {
     #[test]
     fn a_slow_counter_far_from_its_limit_leases_what_it_uses_in_a_ttl() {
         let clock = Arc::new(ManualClock::new(100 * S));
-        let t = table(&clock);
+        let t = LeaseTable::new(
+            LeaseOptions {
+                default_mode: Mode::Hybrid,
+                ttl: Duration::from_millis(500),
+                ..LeaseOptions::default()
+            },
+            clock.clone(),
+        );
         let limit = Limit::new(Algorithm::FixedWindow, 1_000_000, 60 * S, None).unwrap();
         let c = check(&limit);
         let asks = t.plan(&[c], clock.now_micros());
@@ -732,7 +755,9 @@ mod tests {
         let asks = t.plan(&[c], clock.now_micros());
         assert!(asks[0].extra > 0);
         let sent = clock.now_micros();
-        // Redis decided 0.95 s into its window: 50 ms are left of it.
+        // Redis decided 0.95 s into its window, somewhere in a 2 ms round trip: 50 ms are
+        // left of it.
+        clock.advance(2_000);
         t.learn(&[c], &asks, &answer(true, 800, 200 * S + 950_000), sent);
         clock.set(sent + 49_999);
         assert!(t.decide_locally(&[c], clock.now_micros()).is_some());
@@ -747,6 +772,37 @@ mod tests {
         );
         assert_eq!(back[0].hits, asks[0].extra - 1);
         assert!(t.take_leftovers(true).is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_leftover_of_a_window_surely_over_is_not_given_back() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000, S, None).unwrap();
+        let c = check(&limit);
+        let lease = |t: &LeaseTable| {
+            let asks = t.plan(&[c], clock.now_micros());
+            let sent = clock.now_micros();
+            // Redis decides 0.9 s into its window; the answer takes 2 ms to arrive.
+            clock.advance(2_000);
+            t.learn(&[c], &asks, &answer(true, 900, 200 * S + 900_000), sent);
+            (sent, asks)
+        };
+        lease(&t);
+        clock.advance(1_000);
+        let (sent, asks) = lease(&t);
+        assert!(asks[0].extra > 0);
+        // Its use ended at sent + 100 ms; the window surely at received + 100 ms.
+        clock.set(sent + 101_000);
+        assert_eq!(t.take_leftovers(false).len(), 1, "it may still count");
+        let (sent, _) = lease(&t);
+        clock.set(sent + 102_000);
+        assert!(t.take_leftovers(false).is_empty(), "Redis would drop it");
+        let (sent, _) = lease(&t);
+        clock.set(sent + 102_000);
+        let asks = t.plan(&[c], clock.now_micros());
+        assert!(asks[0].give_back.is_none(), "nor with the next lease");
+        assert!(t.take_leftovers(true).is_empty(), "and it is gone");
     }
 
     #[test]
