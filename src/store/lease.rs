@@ -93,6 +93,13 @@ struct Lease {
     last_grant: u64,
 }
 
+impl Lease {
+    /// The leftover, unless there is none or its window is surely over (Redis would drop it).
+    fn leftover_to_give(&self, now: u64) -> Option<u64> {
+        (self.left > 0 && now < self.window_over_us).then_some(self.left)
+    }
+}
+
 /// One counter's part in a backend call: extra hits asked for a lease, and the old lease's
 /// leftover, given back in the same call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -216,11 +223,9 @@ impl LeaseTable {
                 let Some(l) = entries.get_mut(c.key) else {
                     return Ask::default();
                 };
-                let give_back = (l.left > 0 && now < l.window_over_us).then_some((
-                    l.left,
-                    l.limit,
-                    l.window_end_us,
-                ));
+                let give_back = l
+                    .leftover_to_give(now)
+                    .map(|hits| (hits, l.limit, l.window_end_us));
                 l.left = 0;
                 if l.limit != *c.limit {
                     // The rules changed: the old lease goes back and no rate is known yet.
@@ -390,12 +395,12 @@ impl LeaseTable {
         self.entries.for_each_shard(|entries| {
             entries.retain(|key, l| {
                 if l.left > 0 && (all || now >= l.use_until_us) {
-                    if now < l.window_over_us {
+                    if let Some(hits) = l.leftover_to_give(now) {
                         out.push(Returned {
                             key: key.clone(),
                             tag: l.tag.clone(),
                             limit: l.limit,
-                            hits: l.left,
+                            hits,
                             until_us: l.window_end_us,
                         });
                     }
@@ -612,10 +617,15 @@ mod tests {
     const S: u64 = 1_000_000;
 
     fn table(clock: &Arc<ManualClock>) -> LeaseTable {
+        table_with(clock, LeaseOptions::default())
+    }
+
+    /// A table where every rule is hybrid.
+    fn table_with(clock: &Arc<ManualClock>, options: LeaseOptions) -> LeaseTable {
         LeaseTable::new(
             LeaseOptions {
                 default_mode: Mode::Hybrid,
-                ..LeaseOptions::default()
+                ..options
             },
             clock.clone(),
         )
@@ -662,13 +672,12 @@ mod tests {
     #[test]
     fn a_slow_counter_far_from_its_limit_leases_what_it_uses_in_a_ttl() {
         let clock = Arc::new(ManualClock::new(100 * S));
-        let t = LeaseTable::new(
+        let t = table_with(
+            &clock,
             LeaseOptions {
-                default_mode: Mode::Hybrid,
                 ttl: Duration::from_millis(500),
                 ..LeaseOptions::default()
             },
-            clock.clone(),
         );
         let limit = Limit::new(Algorithm::FixedWindow, 1_000_000, 60 * S, None).unwrap();
         let c = check(&limit);
@@ -833,13 +842,12 @@ mod tests {
     #[test]
     fn a_full_table_leaves_new_counters_strict_until_idle_ones_are_forgotten() {
         let clock = Arc::new(ManualClock::new(100 * S));
-        let t = LeaseTable::new(
+        let t = table_with(
+            &clock,
             LeaseOptions {
-                default_mode: Mode::Hybrid,
                 max_entries: 1,
                 ..LeaseOptions::default()
             },
-            clock.clone(),
         );
         let limit = Limit::new(Algorithm::FixedWindow, 1_000, 60 * S, None).unwrap();
         // The bound is per shard (rounded up): at most one counter in each.

@@ -207,6 +207,20 @@ impl Shard {
         }
     }
 
+    /// Drops what a forgotten entry kept beside it in `logs`.
+    fn forget_log(logs: &mut HashTable<(KeyId, State)>, gone: &Entry) {
+        if gone.kind() == Kind::Log {
+            Self::take_log(logs, gone.id);
+        }
+    }
+
+    /// Starts the hand's next lap from the first bucket.
+    fn restart_lap(&mut self) {
+        self.hand = 0;
+        self.lap_earliest_us = u64::MAX;
+        self.lap_clean = true;
+    }
+
     /// Notes a key's new expiry for the walk's bounds.
     fn expires_at(&mut self, at: u64) {
         self.earliest_expiry_us = self.earliest_expiry_us.min(at);
@@ -223,9 +237,7 @@ impl Shard {
                 if self.lap_clean {
                     self.earliest_expiry_us = self.lap_earliest_us;
                 }
-                self.hand = 0;
-                self.lap_earliest_us = u64::MAX;
-                self.lap_clean = true;
+                self.restart_lap();
                 if self.table.is_empty() {
                     self.earliest_expiry_us = u64::MAX;
                 }
@@ -243,9 +255,7 @@ impl Shard {
                 continue;
             }
             let (gone, _) = entry.remove();
-            if gone.kind() == Kind::Log {
-                Self::take_log(&mut self.logs, gone.id);
-            }
+            Self::forget_log(&mut self.logs, &gone);
             dropped += 1;
         }
         dropped
@@ -262,15 +272,11 @@ impl Shard {
                 earliest = earliest.min(at);
                 return true;
             }
-            if e.kind() == Kind::Log {
-                Self::take_log(logs, e.id);
-            }
+            Self::forget_log(logs, e);
             false
         });
         self.earliest_expiry_us = earliest;
-        self.hand = 0;
-        self.lap_earliest_us = u64::MAX;
-        self.lap_clean = true;
+        self.restart_lap();
         before - self.table.len()
     }
 }
