@@ -10,10 +10,8 @@
 //!   `RateLimit-Limit`, `-Remaining` and `-Reset` (names configurable), plain integers of one
 //!   status: the last OVER_LIMIT one, else the one with the least remaining.
 
-use std::fmt::Write;
-
 use super::ceil_seconds;
-use crate::engine::{Code, Decision, Status};
+use crate::engine::{Code, Decision, ReportedLimit, Status};
 use crate::proto::HeaderValue;
 use tonic::codegen::http;
 
@@ -98,12 +96,7 @@ impl HeaderSet {
 
     pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
         let retry_after = self.retry_after && d.code == Code::OverLimit;
-        let limited: Vec<(usize, &Status)> = d
-            .statuses
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.limit.is_some())
-            .collect();
+        let limited = Limited(&d.statuses);
         let per_style = if limited.is_empty() {
             0
         } else {
@@ -116,41 +109,60 @@ impl HeaderSet {
             let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
             out.push(header("retry-after", seconds.to_string()));
         }
-        if limited.is_empty() {
+        if per_style == 0 {
             return out;
         }
         if self.draft03 {
-            draft03(&limited, &mut out);
+            draft03(limited, &mut out);
         }
         if self.ietf {
-            ietf(&limited, &mut out);
+            ietf(limited, &mut out);
         }
         if let Some(names) = &self.ratelimit {
-            reference_style(&limited, names, &mut out);
+            reference_style(limited, names, &mut out);
         }
         out
     }
 }
 
+/// The statuses that carry a limit (the ones headers describe), read in place: a header set
+/// is rendered on every answer, and collecting them cost an allocation each time.
+#[derive(Clone, Copy)]
+struct Limited<'a>(&'a [Status]);
+
+impl<'a> Limited<'a> {
+    /// Each limited status with its index in the answer and its limit.
+    fn iter(self) -> impl Iterator<Item = (usize, &'a Status, &'a ReportedLimit)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, s, s.limit.as_ref()?)))
+    }
+
+    fn is_empty(self) -> bool {
+        self.iter().next().is_none()
+    }
+
+    /// The status with the least remaining, the first on ties (as Envoy picks it).
+    fn least_remaining(self) -> Option<(&'a Status, &'a ReportedLimit)> {
+        self.iter()
+            .min_by_key(|(_, s, _)| s.remaining)
+            .map(|(_, s, l)| (s, l))
+    }
+}
+
 /// As the reference service picks its one status: the last OVER_LIMIT one, else the one with
 /// the least remaining (the first on ties).
-fn reference_style(
-    limited: &[(usize, &Status)],
-    names: &LimitHeaderNames,
-    out: &mut Vec<HeaderValue>,
-) {
+fn reference_style(limited: Limited<'_>, names: &LimitHeaderNames, out: &mut Vec<HeaderValue>) {
     let lead = limited
         .iter()
-        .rev()
-        .find(|(_, s)| s.code == Code::OverLimit)
-        .or_else(|| limited.iter().min_by_key(|(_, s)| s.remaining));
-    let Some((_, lead)) = lead else { return };
-    let limit = lead.limit.as_ref().expect("limited statuses have a limit");
+        .filter(|(_, s, _)| s.code == Code::OverLimit)
+        .last()
+        .map(|(_, s, l)| (s, l))
+        .or_else(|| limited.least_remaining());
+    let Some((lead, limit)) = lead else { return };
     out.push(header(&names.limit, limit.requests_per_unit.to_string()));
-    out.push(header(
-        &names.remaining,
-        lead.remaining.min(u32::MAX as u64).to_string(),
-    ));
+    out.push(header(&names.remaining, remaining(lead).to_string()));
     out.push(header(&names.reset, reset_seconds(lead).to_string()));
 }
 
@@ -166,60 +178,86 @@ fn reset_seconds(s: &Status) -> u64 {
     s.duration_us.map_or(0, ceil_seconds)
 }
 
-fn draft03(limited: &[(usize, &Status)], out: &mut Vec<HeaderValue>) {
-    // As Envoy: the status with the smallest remaining (first on ties) leads.
-    let (_, lead) = limited
-        .iter()
-        .min_by_key(|(_, s)| s.remaining)
-        .expect("limited is not empty");
-    let lead_limit = lead.limit.as_ref().expect("limited statuses have a limit");
-    let mut value = lead_limit.requests_per_unit.to_string();
-    for (_, s) in limited {
-        let l = s.limit.as_ref().expect("limited statuses have a limit");
-        let _ = write!(value, ", {};w={}", l.requests_per_unit, l.window_seconds());
+/// What headers say is left: at most `u32::MAX`, as the wire's `limit_remaining`.
+fn remaining(s: &Status) -> u64 {
+    s.remaining.min(u64::from(u32::MAX))
+}
+
+/// Appends `n` in decimal. The headers are rendered on every answer; `write!` with its
+/// formatting machinery cost more than the rest of the rendering.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // n % 10 < 10: the cast keeps it whole.
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[start..] {
+        out.push(char::from(d));
+    }
+}
+
+fn draft03(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
+    let Some((lead, lead_limit)) = limited.least_remaining() else {
+        return;
+    };
+    // `L, L;w=W` per limit: 32 bytes hold the usual one without growing.
+    let mut value = String::with_capacity(32);
+    push_decimal(&mut value, u64::from(lead_limit.requests_per_unit));
+    for (_, _, l) in limited.iter() {
+        value.push_str(", ");
+        push_decimal(&mut value, u64::from(l.requests_per_unit));
+        value.push_str(";w=");
+        push_decimal(&mut value, l.window_seconds());
         if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
-            let _ = write!(value, ";name=\"{}\"", sf_string(name));
+            value.push_str(";name=\"");
+            push_sf_string(&mut value, name);
+            value.push('"');
         }
     }
     out.push(header("x-ratelimit-limit", value));
-    out.push(header(
-        "x-ratelimit-remaining",
-        lead.remaining.min(u32::MAX as u64).to_string(),
-    ));
+    out.push(header("x-ratelimit-remaining", remaining(lead).to_string()));
     out.push(header("x-ratelimit-reset", reset_seconds(lead).to_string()));
 }
 
-fn ietf(limited: &[(usize, &Status)], out: &mut Vec<HeaderValue>) {
+fn ietf(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
     let mut policy = String::new();
     let mut current = String::new();
-    for (n, (i, s)) in limited.iter().enumerate() {
-        let l = s.limit.as_ref().expect("limited statuses have a limit");
-        let name = match l.name.as_deref().filter(|n| !n.is_empty()) {
-            Some(name) => sf_string(name),
-            None => format!("descriptor-{i}"),
-        };
+    for (n, (i, s, l)) in limited.iter().enumerate() {
         let sep = if n == 0 { "" } else { ", " };
-        let _ = write!(
-            policy,
-            "{sep}\"{name}\";q={};w={}",
-            l.requests_per_unit,
-            l.window_seconds()
-        );
-        let _ = write!(
-            current,
-            "{sep}\"{name}\";r={};t={}",
-            s.remaining.min(u32::MAX as u64),
-            reset_seconds(s)
-        );
+        for field in [&mut policy, &mut current] {
+            field.push_str(sep);
+            field.push('"');
+            match l.name.as_deref().filter(|n| !n.is_empty()) {
+                Some(name) => push_sf_string(field, name),
+                None => {
+                    field.push_str("descriptor-");
+                    push_decimal(field, i as u64);
+                }
+            }
+            field.push('"');
+        }
+        policy.push_str(";q=");
+        push_decimal(&mut policy, u64::from(l.requests_per_unit));
+        policy.push_str(";w=");
+        push_decimal(&mut policy, l.window_seconds());
+        current.push_str(";r=");
+        push_decimal(&mut current, remaining(s));
+        current.push_str(";t=");
+        push_decimal(&mut current, reset_seconds(s));
     }
     out.push(header("ratelimit-policy", policy));
     out.push(header("ratelimit", current));
 }
 
-/// The content of a structured-field string: printable ASCII with `"` and `\` escaped;
+/// Appends the content of a structured-field string: printable ASCII with `"` and `\` escaped;
 /// anything else becomes `_` (a header cannot carry it).
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+fn push_sf_string(out: &mut String, s: &str) {
     for c in s.chars() {
         match c {
             '"' | '\\' => {
@@ -230,5 +268,4 @@ fn sf_string(s: &str) -> String {
             _ => out.push('_'),
         }
     }
-    out
 }
