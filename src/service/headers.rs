@@ -10,7 +10,9 @@
 //!   `RateLimit-Limit`, `-Remaining` and `-Reset` (names configurable), plain integers of one
 //!   status: the last OVER_LIMIT one, else the one with the least remaining.
 
-use super::ceil_seconds;
+use std::fmt::Write;
+
+use super::{ceil_seconds, limit_remaining};
 use crate::engine::{Code, Decision, ReportedLimit, Status};
 use crate::proto::HeaderValue;
 use tonic::codegen::http;
@@ -162,7 +164,7 @@ fn reference_style(limited: Limited<'_>, names: &LimitHeaderNames, out: &mut Vec
         .or_else(|| limited.least_remaining());
     let Some((lead, limit)) = lead else { return };
     out.push(header(&names.limit, limit.requests_per_unit.to_string()));
-    out.push(header(&names.remaining, remaining(lead).to_string()));
+    out.push(header(&names.remaining, limit_remaining(lead).to_string()));
     out.push(header(&names.reset, reset_seconds(lead).to_string()));
 }
 
@@ -178,42 +180,16 @@ fn reset_seconds(s: &Status) -> u64 {
     s.duration_us.map_or(0, ceil_seconds)
 }
 
-/// What headers say is left: at most `u32::MAX`, as the wire's `limit_remaining`.
-fn remaining(s: &Status) -> u64 {
-    s.remaining.min(u64::from(u32::MAX))
-}
-
-/// Appends `n` in decimal. The headers are rendered on every answer; `write!` with its
-/// formatting machinery cost more than the rest of the rendering.
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        // n % 10 < 10: the cast keeps it whole.
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[start..] {
-        out.push(char::from(d));
-    }
-}
-
 fn draft03(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
     let Some((lead, lead_limit)) = limited.least_remaining() else {
         return;
     };
-    // `L, L;w=W` per limit: 32 bytes hold the usual one without growing.
+    // `L, L;w=W` per limit: 32 bytes hold the usual one without growing. Writing into a
+    // `String` cannot fail.
     let mut value = String::with_capacity(32);
-    push_decimal(&mut value, u64::from(lead_limit.requests_per_unit));
+    let _ = write!(value, "{}", lead_limit.requests_per_unit);
     for (_, _, l) in limited.iter() {
-        value.push_str(", ");
-        push_decimal(&mut value, u64::from(l.requests_per_unit));
-        value.push_str(";w=");
-        push_decimal(&mut value, l.window_seconds());
+        let _ = write!(value, ", {};w={}", l.requests_per_unit, l.window_seconds());
         if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
             value.push_str(";name=\"");
             push_sf_string(&mut value, name);
@@ -221,7 +197,10 @@ fn draft03(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
         }
     }
     out.push(header("x-ratelimit-limit", value));
-    out.push(header("x-ratelimit-remaining", remaining(lead).to_string()));
+    out.push(header(
+        "x-ratelimit-remaining",
+        limit_remaining(lead).to_string(),
+    ));
     out.push(header("x-ratelimit-reset", reset_seconds(lead).to_string()));
 }
 
@@ -229,27 +208,28 @@ fn ietf(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
     let mut policy = String::new();
     let mut current = String::new();
     for (n, (i, s, l)) in limited.iter().enumerate() {
-        let sep = if n == 0 { "" } else { ", " };
-        for field in [&mut policy, &mut current] {
-            field.push_str(sep);
-            field.push('"');
-            match l.name.as_deref().filter(|n| !n.is_empty()) {
-                Some(name) => push_sf_string(field, name),
-                None => {
-                    field.push_str("descriptor-");
-                    push_decimal(field, i as u64);
-                }
-            }
-            field.push('"');
+        if n > 0 {
+            policy.push_str(", ");
+            current.push_str(", ");
         }
-        policy.push_str(";q=");
-        push_decimal(&mut policy, u64::from(l.requests_per_unit));
-        policy.push_str(";w=");
-        push_decimal(&mut policy, l.window_seconds());
-        current.push_str(";r=");
-        push_decimal(&mut current, remaining(s));
-        current.push_str(";t=");
-        push_decimal(&mut current, reset_seconds(s));
+        // The quoted name goes into the policy, then the same bytes into the current state.
+        let name_start = policy.len();
+        policy.push('"');
+        match l.name.as_deref().filter(|n| !n.is_empty()) {
+            Some(name) => push_sf_string(&mut policy, name),
+            None => {
+                let _ = write!(policy, "descriptor-{i}");
+            }
+        }
+        policy.push('"');
+        current.push_str(&policy[name_start..]);
+        let _ = write!(
+            policy,
+            ";q={};w={}",
+            l.requests_per_unit,
+            l.window_seconds()
+        );
+        let _ = write!(current, ";r={};t={}", limit_remaining(s), reset_seconds(s));
     }
     out.push(header("ratelimit-policy", policy));
     out.push(header("ratelimit", current));

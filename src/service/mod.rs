@@ -198,6 +198,11 @@ pub fn ceil_seconds(micros: u64) -> u64 {
     micros.div_ceil(crate::clock::MICROS_PER_SECOND)
 }
 
+/// What is left, as the wire's `limit_remaining` and the headers say it: at most `u32::MAX`.
+fn limit_remaining(s: &engine::Status) -> u32 {
+    u32::try_from(s.remaining).unwrap_or(u32::MAX)
+}
+
 fn status(s: &engine::Status) -> proto::DescriptorStatus {
     proto::DescriptorStatus {
         code: code(s.code) as i32,
@@ -208,7 +213,7 @@ fn status(s: &engine::Status) -> proto::DescriptorStatus {
             // Unset means 1; only a real multiplier goes on the wire.
             unit_multiplier: (l.unit_multiplier != 1).then_some(l.unit_multiplier),
         }),
-        limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+        limit_remaining: limit_remaining(s),
         duration_until_reset: s.duration_us.map(|us| prost_types::Duration {
             seconds: i64::try_from(ceil_seconds(us)).unwrap_or(i64::MAX),
             nanos: 0,
