@@ -4,16 +4,13 @@
 //!
 //! cargo bench --bench grpc
 
-use std::sync::Arc;
-
 use criterion::{Criterion, criterion_group, criterion_main};
 #[path = "common/servers.rs"]
 mod servers;
 
 use servers::{serve_noop, serve_sluice};
-use sluice::clock::SystemClock;
 use sluice::proto::{self, RateLimitServiceClient};
-use sluice::store::MemoryStore;
+use sluice::store::{BackendConfig, StoreConfig};
 use tonic::transport::Channel;
 
 const RULES: &str = "domain: bench\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
@@ -38,7 +35,10 @@ fn round_trip(c: &mut Criterion) {
         .build()
         .unwrap();
     let (sluice_client, noop_client) = rt.block_on(async {
-        let store = MemoryStore::new(Arc::new(SystemClock), 10_000_000);
+        let store = StoreConfig {
+            max_keys: 10_000_000,
+            ..StoreConfig::new(BackendConfig::Memory)
+        };
         let sluice = serve_sluice(RULES, store).await;
         let noop = serve_noop().await;
         let connect = |addr| RateLimitServiceClient::connect(format!("http://{addr}"));

@@ -114,8 +114,8 @@ fn start_redis(nodes: usize, first_port: u16) -> Redis {
 }
 
 /// The Redis store as `sluice serve` builds it, with `mode` the default mode.
-fn redis_store(topology: Topology, mode: Mode) -> Stack {
-    build(&StoreConfig {
+fn redis_store(topology: Topology, mode: Mode) -> StoreConfig {
+    StoreConfig {
         failure_mode: FailureMode::Error,
         leases: LeaseOptions {
             default_mode: mode,
@@ -128,8 +128,7 @@ fn redis_store(topology: Topology, mode: Mode) -> Stack {
             connect_timeout: Duration::from_secs(2),
             key_prefix: "sluice:".into(),
         }))
-    })
-    .unwrap()
+    }
 }
 
 /// Every request one descriptor on one counter with a limit far above the load.
@@ -272,7 +271,11 @@ async fn load(seconds: u64, clients: u64, backends: &[&str]) {
         let addr = match backend {
             "noop" => serve_noop().await,
             "memory" => {
-                serve_sluice(RULES, MemoryStore::new(Arc::new(SystemClock), 10_000_000)).await
+                let store = StoreConfig {
+                    max_keys: 10_000_000,
+                    ..StoreConfig::new(BackendConfig::Memory)
+                };
+                serve_sluice(RULES, store).await
             }
             "redis strict" | "redis hybrid" => {
                 let store = redis_store(Topology::Standalone(standalone_url.clone()), mode);
@@ -379,7 +382,12 @@ async fn fleet(seconds: u64) {
                 .map(|_| {
                     Arc::new(Engine::new(
                         sluice::rules::load_texts([("fleet.yaml", FLEET_RULES)]).unwrap(),
-                        redis_store(Topology::Standalone(url.clone()), Mode::Strict),
+                        build(&redis_store(
+                            Topology::Standalone(url.clone()),
+                            Mode::Strict,
+                        ))
+                        .unwrap()
+                        .0,
                         EngineSettings::default(),
                     ))
                 })

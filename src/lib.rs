@@ -6,6 +6,7 @@
 //! (HTTP), `server` (wiring and lifecycle), `xds` (rules pushed by an xDS server).
 
 pub mod admin;
+pub mod cli;
 pub mod clock;
 pub mod counter;
 pub mod engine;
@@ -13,7 +14,7 @@ pub mod explain;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
-pub mod reference_env;
+pub mod readiness;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -457,3 +457,9 @@ impl BackendObserver for Metrics {
         self.observe_backend(took, error);
     }
 }
+
+impl crate::rules::reload::ReloadObserver for Metrics {
+    fn reload(&self, ok: bool) {
+        self.observe_reload(ok);
+    }
+}

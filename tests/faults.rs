@@ -77,7 +77,8 @@ fn rules() -> String {
 }
 
 fn node(topology: &Topology) -> Arc<Engine<Stack>> {
-    let store = build(&StoreConfig {
+    // No timers run in these tests: the upkeep is not needed.
+    let (store, _upkeep) = build(&StoreConfig {
         failure_mode: FailureMode::Deny,
         ..shared_config(topology.clone(), TIMEOUT)
     })

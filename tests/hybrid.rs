@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer, commandstat, redis_cli, shared_config};
+use common::{Assembled, assemble};
 use sluice::clock::{Clock, ManualClock};
-use sluice::engine::{Code, Descriptor, Engine, EngineSettings, Request};
+use sluice::engine::{Code, Descriptor, Request};
 use sluice::rules::load_texts;
 use sluice::store::redis::Topology;
-use sluice::store::{Clocks, FailureMode, LeaseOptions, Stack, Store, StoreConfig, build};
+use sluice::store::{Clocks, FailureMode, LeaseOptions, StoreConfig};
 
 const S: u64 = 1_000_000;
 const MS: u64 = 1_000;
@@ -40,23 +41,20 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0}
 "#;
 
-type Node = Arc<Engine<Stack>>;
+type Node = Arc<Assembled>;
 
 fn node(topology: &Topology, clock: &Arc<ManualClock>, rules: &str) -> Node {
     // As `sluice serve` builds it (over-limit cache and leases on), on one manual clock.
-    let store = build(&StoreConfig {
-        max_keys: 1_000,
-        // Nothing may be decided by a fallback here: an outage would fail the test.
-        failure_mode: FailureMode::Error,
-        over_limit_cache: 1_000,
-        clocks: Clocks::pinned(clock.clone()),
-        ..shared_config(topology.clone(), Duration::from_secs(5))
-    })
-    .unwrap();
-    Arc::new(Engine::new(
-        load_texts([("h.yaml", rules)]).unwrap(),
-        store,
-        EngineSettings::default(),
+    Arc::new(assemble(
+        &StoreConfig {
+            max_keys: 1_000,
+            // Nothing may be decided by a fallback here: an outage would fail the test.
+            failure_mode: FailureMode::Error,
+            over_limit_cache: 1_000,
+            clocks: Clocks::pinned(clock.clone()),
+            ..shared_config(topology.clone(), Duration::from_secs(5))
+        },
+        rules,
     ))
 }
 
@@ -188,14 +186,14 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    let held = a.store().report().lease_hits_held.unwrap();
+    let held = a.upkeep.report().lease_hits_held.unwrap();
     assert!(held > 0, "a lease is held");
     assert_eq!(count(), used + held, "leased hits are counted in Redis");
 
     // Expiry: after the lease's lifetime the sweep gives the leftover back, in the same window.
     clock.advance(LeaseOptions::default().ttl.as_micros() as u64);
-    a.store().flush(false).await;
-    assert_eq!(a.store().report().lease_hits_held.unwrap(), 0);
+    a.upkeep.give_back(false).await;
+    assert_eq!(a.upkeep.report().lease_hits_held.unwrap(), 0);
     assert_eq!(count(), used, "only what was admitted stays counted");
 
     // Shutdown: everything still held goes back (what `Running::stop` does).
@@ -204,8 +202,8 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    assert!(a.store().report().lease_hits_held.unwrap() > 0);
-    a.store().flush(true).await;
+    assert!(a.upkeep.report().lease_hits_held.unwrap() > 0);
+    a.upkeep.give_back(true).await;
     assert_eq!(count(), used);
 
     // A dead node cannot say how much of its lease it used, so its lease stays counted until
@@ -215,7 +213,7 @@ async fn leftovers_go_back_on_expiry_and_shutdown_and_a_dead_nodes_by_its_window
         used += 1;
         clock.advance(MS);
     }
-    let held = a.store().report().lease_hits_held.unwrap();
+    let held = a.upkeep.report().lease_hits_held.unwrap();
     assert!(held > 0);
     drop(a);
     let mut admitted_by_b = 0;
@@ -263,7 +261,7 @@ async fn a_reload_never_lets_an_old_lease_admit_under_the_new_limit() {
         assert_eq!(admitted, 60);
         let held: u64 = nodes
             .iter()
-            .map(|n| n.store().report().lease_hits_held.unwrap())
+            .map(|n| n.upkeep.report().lease_hits_held.unwrap())
             .sum();
         assert!(held > 0);
         // The limit drops to 50: already 60 admitted, so nothing more in this window, even
@@ -292,7 +290,7 @@ async fn a_reload_never_lets_an_old_lease_admit_under_the_new_limit() {
         assert!(admitted + more <= 100, "{admitted} + {more}");
         let still_held: u64 = nodes
             .iter()
-            .map(|n| n.store().report().lease_hits_held.unwrap())
+            .map(|n| n.upkeep.report().lease_hits_held.unwrap())
             .sum();
         assert_eq!(
             admitted + more + still_held,

@@ -9,13 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::redis::{RedisCluster, RedisServer, commandstat, shared_config};
+use common::{Assembled, assemble};
 use sluice::clock::ManualClock;
 use sluice::engine::{Code, Decision, Descriptor, Engine, EngineError, EngineSettings, Request};
 use sluice::rules::load_texts;
+use sluice::server::RulesSource;
 use sluice::store::redis::{RedisOptions, RedisStore, Topology};
 use sluice::store::{
-    BackendConfig, BreakerOptions, Clocks, FailureMode, LeaseOptions, MemoryStore, Mode, Stack,
-    Store, StoreConfig, build,
+    BackendConfig, BreakerOptions, Clocks, FailureMode, LeaseOptions, MemoryStore, Mode,
+    StoreConfig,
 };
 
 const S: u64 = 1_000_000;
@@ -176,30 +178,27 @@ fn random_request(rng: &mut Rng) -> Request {
 
 /// The production stack on one manual clock: the over-limit cache on, every leasable rule in
 /// hybrid mode, and no fallback (an outage would fail the test).
-fn stack_engine(topology: Topology, clock: &Arc<ManualClock>, mode: Mode) -> Engine<Stack> {
+fn stack_engine(topology: Topology, clock: &Arc<ManualClock>, mode: Mode) -> Assembled {
     let mut config = shared_config(topology, Duration::from_secs(5));
     if let BackendConfig::Redis(redis) = &mut config.backend {
         // Its own counters, beside the other engines' in the same database.
         redis.key_prefix = format!("{mode}:");
     }
-    let store = build(&StoreConfig {
-        failure_mode: FailureMode::Error,
-        over_limit_cache: 10_000,
-        leases: LeaseOptions {
-            default_mode: mode,
-            // This sequence is slow (a few requests a second): leases sized for 10 s of it.
-            target: Duration::from_secs(10),
-            ttl: Duration::from_secs(5),
-            ..LeaseOptions::default()
+    assemble(
+        &StoreConfig {
+            failure_mode: FailureMode::Error,
+            over_limit_cache: 10_000,
+            leases: LeaseOptions {
+                default_mode: mode,
+                // This sequence is slow (a few requests a second): leases sized for 10 s of it.
+                target: Duration::from_secs(10),
+                ttl: Duration::from_secs(5),
+                ..LeaseOptions::default()
+            },
+            clocks: Clocks::pinned(clock.clone()),
+            ..config
         },
-        clocks: Clocks::pinned(clock.clone()),
-        ..config
-    })
-    .unwrap();
-    Engine::new(
-        load_texts([("d.yaml", RULES)]).unwrap(),
-        store,
-        EngineSettings::default(),
+        RULES,
     )
 }
 
@@ -266,7 +265,7 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
         let got = strict.decide(&request).await.unwrap();
         assert_same(got, &want, false, &format!("strict stack, {what}"));
         // The server's sweep (every ttl/4): leftovers of leases that ran out go back.
-        hybrid.store().flush(false).await;
+        hybrid.upkeep.give_back(false).await;
         let got = hybrid.decide(&request).await.unwrap();
         worst = worst.max(assert_same(
             got,
@@ -274,8 +273,8 @@ async fn differential(topology: Topology, seed: u64, steps: usize) {
             true,
             &format!("hybrid stack, {what}"),
         ));
-        cached = strict.store().report().cached_denials.unwrap().max(cached);
-        leased = hybrid.store().report().lease_hits_held.unwrap().max(leased);
+        cached = strict.upkeep.report().cached_denials.unwrap().max(cached);
+        leased = hybrid.upkeep.report().lease_hits_held.unwrap().max(leased);
         if want.code == Code::OverLimit {
             over += 1;
         } else {
@@ -474,8 +473,10 @@ async fn one_script_call_per_slot_group() {
     assert!((10..=30).contains(&calls), "{calls}");
 }
 
-fn resilient_engine(url: String, mode: FailureMode, timeout: Duration) -> Arc<Engine<Stack>> {
-    let store = build(&StoreConfig {
+const RESILIENT_RULES: &str = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: local_only\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+fn resilient_store(url: String, mode: FailureMode, timeout: Duration) -> StoreConfig {
+    StoreConfig {
         max_keys: 10_000,
         failure_mode: mode,
         breaker: BreakerOptions {
@@ -483,13 +484,13 @@ fn resilient_engine(url: String, mode: FailureMode, timeout: Duration) -> Arc<En
             cooldown: Duration::from_millis(200),
         },
         ..shared_config(Topology::Standalone(url), timeout)
-    })
-    .unwrap();
-    let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: local_only\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
-    Arc::new(Engine::new(
-        load_texts([("f.yaml", rules)]).unwrap(),
-        store,
-        EngineSettings::default(),
+    }
+}
+
+fn resilient_engine(url: String, mode: FailureMode, timeout: Duration) -> Arc<Assembled> {
+    Arc::new(assemble(
+        &resilient_store(url, mode, timeout),
+        RESILIENT_RULES,
     ))
 }
 
@@ -565,7 +566,7 @@ async fn redis_outage_applies_the_policy_and_recovers() {
         "{:?}",
         started.elapsed()
     );
-    assert!(!engines[0].1.store().report().backend_up());
+    assert!(!engines[0].1.upkeep.report().backend_up());
 
     redis.restart();
     for (mode, e) in &engines {
@@ -579,7 +580,7 @@ async fn redis_outage_applies_the_policy_and_recovers() {
             };
             let _ = e.decide(&own).await;
             let after: u64 = redis.cli(&["DBSIZE"]).trim().parse().unwrap();
-            if e.store().report().backend_up() && after > before {
+            if e.upkeep.report().backend_up() && after > before {
                 break;
             }
             assert!(
@@ -652,7 +653,7 @@ async fn outage_under_concurrent_load() {
     let back = Instant::now();
     // Traffic reaches Redis again within a second.
     loop {
-        if redis.cli(&["DBSIZE"]).trim() != "0" && engine.store().report().backend_up() {
+        if redis.cli(&["DBSIZE"]).trim() != "0" && engine.upkeep.report().backend_up() {
             break;
         }
         assert!(
@@ -820,22 +821,12 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
     let mut redis = RedisServer::start();
-    let engine = resilient_engine(redis.url(), FailureMode::Error, Duration::from_millis(30));
-    let options = sluice::server::Options {
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        headers: sluice::service::HeaderSet::parse("none").unwrap(),
-        housekeeping_every: Duration::from_secs(3600),
-        reloader: None,
-        metrics: None,
-        json: false,
-        dynamic_metadata: false,
-        grpc_tls: None,
-        reference_metrics: None,
-    };
-    let running = sluice::server::start(options, engine.clone())
+    let store = resilient_store(redis.url(), FailureMode::Error, Duration::from_millis(30));
+    let rules = load_texts([("f.yaml", RESILIENT_RULES)]).unwrap();
+    let running = sluice::server::start(common::config(RulesSource::Given(rules), store))
         .await
         .unwrap();
+    let engine = running.engine().clone();
     let http = running.http_addr;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
         .unwrap()
@@ -905,20 +896,15 @@ async fn readiness_follows_the_backend_when_the_policy_is_error() {
 async fn denied_counters_are_answered_locally_until_they_fit() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = build(&StoreConfig {
+    let store = StoreConfig {
         max_keys: 100,
         failure_mode: FailureMode::Error,
         over_limit_cache: 100,
         clocks: Clocks::pinned(clock.clone()),
         ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
-    })
-    .unwrap();
+    };
     let rules = "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
-    let engine = Engine::new(
-        load_texts([("o.yaml", rules)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    );
+    let engine = assemble(&store, rules);
     let hot = |hits| Request {
         domain: "o".into(),
         descriptors: vec![descriptor(&[("k", "hot")], hits, false)],
@@ -964,7 +950,7 @@ async fn denied_counters_are_answered_locally_until_they_fit() {
     assert_eq!(engine.decide(&hot(1)).await.unwrap().code, Code::Ok);
     assert_eq!(script_calls(), calls + 3);
     assert_eq!(
-        engine.store().report().cached_denials,
+        engine.upkeep.report().cached_denials,
         Some(0),
         "an allowed counter is forgotten"
     );
@@ -981,7 +967,7 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
     // The breaker's clock is manual: the cooldown passes when the test says so.
     let breaker_clock = Arc::new(ManualClock::new(1_000 * S));
     let cooldown = Duration::from_millis(500);
-    let store = build(&StoreConfig {
+    let store = StoreConfig {
         failure_mode: FailureMode::Allow,
         breaker: BreakerOptions {
             threshold: 2,
@@ -995,15 +981,10 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
             Topology::Standalone(redis.url()),
             Duration::from_millis(300),
         )
-    })
-    .unwrap();
+    };
     let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
-    let engine = Engine::new(
-        load_texts([("f.yaml", rules)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    );
-    let breaker = || engine.store().report().breaker.unwrap();
+    let engine = assemble(&store, rules);
+    let breaker = || engine.upkeep.report().breaker.unwrap();
     assert!(
         !engine.decide(&req("k")).await.unwrap().by_policy,
         "on Redis"

@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use sluice::clock::ManualClock;
 use sluice::engine::{Engine, EngineSettings};
-use sluice::rules::load_path;
 use sluice::rules::reload::Reloader;
-use sluice::server::{self, Options};
-use sluice::service::HeaderSet;
+use sluice::server::{self, RulesSource};
 use sluice::store::MemoryStore;
 
 fn rules(domain: &str, limit: u32, algorithm: &str) -> String {
@@ -24,44 +22,21 @@ fn rules(domain: &str, limit: u32, algorithm: &str) -> String {
 }
 
 struct Live {
-    running: server::Running<MemoryStore>,
+    running: server::Running,
     reloader: Arc<Reloader>,
-    _watch: sluice::rules::reload::WatchGuard,
 }
 
 async fn start_live(dir: &Path) -> Live {
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let initial = load_path(dir).unwrap();
-    let engine = Arc::new(Engine::new(
-        load_path(dir).unwrap(),
-        MemoryStore::new(clock, 10_000),
-        EngineSettings::default(),
-    ));
-    let reloader = {
-        let engine = engine.clone();
-        Arc::new(Reloader::new(dir.to_path_buf(), &initial, move |r| {
-            engine.replace_rules(r)
-        }))
+    let rules = RulesSource::Files {
+        path: dir.to_path_buf(),
+        watch: Some(Duration::from_millis(50)),
     };
-    let watch = reloader.watch(Duration::from_millis(50)).unwrap();
-    let options = Options {
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        headers: HeaderSet::parse("none").unwrap(),
-        housekeeping_every: Duration::from_secs(3600),
-        reloader: Some(reloader.clone()),
-        metrics: None,
-        json: false,
-        dynamic_metadata: false,
-        grpc_tls: None,
-        reference_metrics: None,
-    };
-    let running = server::start(options, engine).await.unwrap();
-    Live {
-        running,
-        reloader,
-        _watch: watch,
-    }
+    let running = server::start(config(rules, memory(&clock, 10_000)))
+        .await
+        .unwrap();
+    let reloader = running.reloader().expect("rules from files reload");
+    Live { running, reloader }
 }
 
 /// Waits (bounded) until the reloader has done `ok` good and `failed` rejected reloads: the

@@ -5,34 +5,34 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::engine::{Engine, EngineSettings};
+use sluice::engine::EngineSettings;
 use sluice::metrics::Metrics;
 use sluice::proto::{self, RateLimitServiceServer};
-use sluice::rules::load_texts;
-use sluice::server::{self, Options};
+use sluice::rules::{LoadOptions, load_texts};
+use sluice::server::{self, Config, RulesSource};
 use sluice::service::HeaderSet;
-use sluice::store::Store;
+use sluice::store::StoreConfig;
 
 /// sluice on a loopback port with `rules` and `store`, for the rest of the process.
-pub async fn serve_sluice<S: Store>(rules: &str, store: S) -> SocketAddr {
-    let engine = Arc::new(Engine::new(
-        load_texts([("bench.yaml", rules)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    ));
-    let options = Options {
+pub async fn serve_sluice(rules: &str, store: StoreConfig) -> SocketAddr {
+    let config = Config {
         grpc_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
-        headers: HeaderSet::parse("retry-after,draft03").unwrap(),
-        housekeeping_every: Duration::from_secs(5),
-        reloader: None,
-        metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
-        json: false,
-        dynamic_metadata: false,
         grpc_tls: None,
         reference_metrics: None,
+        rules: RulesSource::Given(load_texts([("bench.yaml", rules)]).unwrap()),
+        load: LoadOptions::default(),
+        store,
+        engine: EngineSettings::default(),
+        headers: HeaderSet::parse("retry-after,draft03").unwrap(),
+        json: false,
+        dynamic_metadata: false,
+        metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
+        sweep_every: Duration::from_secs(5),
+        drain_delay: Duration::ZERO,
+        shutdown_grace: Duration::from_secs(10),
     };
-    let running = server::start(options, engine).await.unwrap();
+    let running = server::start(config).await.unwrap();
     let addr = running.grpc_addr;
     std::mem::forget(running);
     addr

@@ -1,10 +1,11 @@
-//! The HTTP side: `GET /healthcheck`, `POST /json`, `GET /rlconfig` (the loaded rules, one line
-//! each) and `GET /config` (what the last reloads did). `/metrics` comes with the metrics work.
+//! The HTTP side: `GET /healthcheck` (the reference's probe), `/livez` and `/readyz`
+//! (Kubernetes), `GET /metrics` (Prometheus), `GET /rlconfig` (the loaded rules, one line each),
+//! `GET /config` (what the last reloads did) and, when asked for, `POST /json` (a rate-limit
+//! call as JSON). Readiness is [`crate::readiness`]'s: this module only renders it.
 
 pub mod json;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -15,25 +16,26 @@ use axum::routing::{get, post};
 
 use crate::metrics::Gauges;
 use crate::proto::Code;
+use crate::readiness::Gate;
 use crate::rules::reload::Reloader;
 use crate::service::RateLimitGrpc;
-use crate::store::Store;
+use crate::store::{Store, Upkeep};
 
-struct AdminState<S> {
-    service: Arc<RateLimitGrpc<S>>,
-    serving: Arc<AtomicBool>,
-    reloader: Option<Arc<Reloader>>,
+/// What the HTTP side reads.
+pub struct AdminState<S> {
+    pub service: Arc<RateLimitGrpc<S>>,
+    pub gate: Arc<Gate>,
+    /// The store's report (gauges).
+    pub upkeep: Arc<Upkeep>,
+    /// Reloads the rules (for `/config`); None when the rules are fixed.
+    pub reloader: Option<Arc<Reloader>>,
+    /// Serve `POST /json`. Off by default: it decides on the same counters as Envoy's calls, so
+    /// whoever reaches the HTTP port could spend any client's quota through it.
+    pub json: bool,
 }
 
-/// `serving` is true while rules are loaded and the server is not shutting down.
-/// `json`: serve `POST /json`. Off by default: it decides on the same counters as Envoy's
-/// calls, so whoever reaches the HTTP port could spend any client's quota through it.
-pub fn router<S: Store>(
-    service: Arc<RateLimitGrpc<S>>,
-    serving: Arc<AtomicBool>,
-    reloader: Option<Arc<Reloader>>,
-    json: bool,
-) -> Router {
+pub fn router<S: Store>(state: AdminState<S>) -> Router {
+    let json = state.json;
     let router = Router::new()
         .route("/healthcheck", get(healthcheck::<S>))
         .route("/livez", get(livez))
@@ -47,11 +49,7 @@ pub fn router<S: Store>(
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
         .route("/metrics", get(metrics::<S>))
-        .with_state(Arc::new(AdminState {
-            service,
-            serving,
-            reloader,
-        }))
+        .with_state(Arc::new(state))
 }
 
 /// The reference service's metric names (Envoy Gateway's dashboard reads them) at `path`, on a
@@ -189,19 +187,20 @@ async fn livez() -> &'static str {
     "OK\n"
 }
 
-/// The reference service's health check (Envoy Gateway's every probe): serving, and the
-/// backend reached once since the start.
+/// The reference service's health check (Envoy Gateway's every probe): see
+/// [`Readiness::healthy`](crate::readiness::Readiness::healthy).
 async fn healthcheck<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    if !state.serving.load(Ordering::Acquire) {
+    let now = state.gate.now();
+    if now.healthy() {
+        (StatusCode::OK, "OK\n").into_response()
+    } else if now == crate::readiness::Readiness::Draining {
         (StatusCode::SERVICE_UNAVAILABLE, "NOT SERVING\n").into_response()
-    } else if !state.service.engine().store().report().backend_reached {
+    } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "NOT SERVING: the rate limit backend has not been reached yet\n",
         )
             .into_response()
-    } else {
-        (StatusCode::OK, "OK\n").into_response()
     }
 }
 
@@ -211,7 +210,7 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
         return (StatusCode::NOT_FOUND, "metrics are off\n").into_response();
     };
     let engine = state.service.engine();
-    let status = engine.store().report();
+    let status = state.upkeep.report();
     let gauges = Gauges {
         keys_in_memory: status.keys_in_memory,
         breaker_state: status.breaker.map(|b| b.gauge()),
@@ -235,36 +234,15 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
         .into_response()
 }
 
-/// Readiness: serving, and the backend up or a failure policy that answers without it.
+/// Readiness (see [`crate::readiness`]), with the reason in the body.
 async fn readyz<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
-    let store = state.service.engine().store().report();
-    if !state.serving.load(Ordering::Acquire) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NOT SERVING: shutting down\n",
-        )
-            .into_response()
-    } else if !store.backend_reached {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NOT READY: the rate limit backend has not been reached yet\n",
-        )
-            .into_response()
-    } else if !store.ready() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NOT READY: the rate limit backend is down and the failure policy is error\n",
-        )
-            .into_response()
-    } else if !store.backend_up() {
-        (
-            StatusCode::OK,
-            "READY: backend down, answering by the failure policy\n",
-        )
-            .into_response()
+    let now = state.gate.now();
+    let code = if now.ready() {
+        StatusCode::OK
     } else {
-        (StatusCode::OK, "READY\n").into_response()
-    }
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, format!("{}\n", now.reason())).into_response()
 }
 
 /// 200 for OK, 429 for OVER_LIMIT, 400 for a bad request, 503 when the store cannot answer.

@@ -31,6 +31,12 @@ pub struct ReloadStatus {
 
 type Apply = Box<dyn Fn(RuleSet) + Send + Sync>;
 
+/// Hears of every offered set, applied or rejected (the metrics implement it; the rules know
+/// nothing of them).
+pub trait ReloadObserver: Send + Sync + 'static {
+    fn reload(&self, ok: bool);
+}
+
 pub struct Reloader {
     /// The rules files; None when the rules are pushed (xDS).
     path: Option<PathBuf>,
@@ -39,7 +45,7 @@ pub struct Reloader {
     load: LoadOptions,
     status: Mutex<ReloadStatus>,
     apply: Apply,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
+    observer: Option<Arc<dyn ReloadObserver>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -85,7 +91,7 @@ impl Reloader {
                 ..ReloadStatus::default()
             }),
             apply,
-            metrics: None,
+            observer: None,
         }
     }
 
@@ -95,9 +101,9 @@ impl Reloader {
         self
     }
 
-    /// Reload results go to `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        self.metrics = Some(metrics);
+    /// Reload results go to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn ReloadObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -135,8 +141,8 @@ impl Reloader {
 
     /// Swaps a loaded set in, or keeps the old one and records why.
     pub fn offer(&self, result: Result<RuleSet, RuleErrors>) -> Result<(), RuleErrors> {
-        if let Some(m) = &self.metrics {
-            m.observe_reload(result.is_ok());
+        if let Some(o) = &self.observer {
+            o.reload(result.is_ok());
         }
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
         match result {

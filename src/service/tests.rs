@@ -286,7 +286,7 @@ fn a_memory_call_future_stays_small() {
     use crate::store::{MemoryStore, Stack, Store};
     let engine = Arc::new(Engine::new(
         crate::rules::load_texts([("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")]).unwrap(),
-        Stack::Memory(MemoryStore::new(Arc::new(crate::clock::SystemClock), 100)),
+        Stack::Memory(Arc::new(MemoryStore::new(Arc::new(crate::clock::SystemClock), 100))),
         crate::engine::EngineSettings::default(),
     ));
     let service = RateLimitGrpc::new(engine.clone(), HeaderSet::default(), None);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Check, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, Outcome, Store, StoreError};
 use crate::clock::Clock;
 
 #[derive(Debug, Clone, Copy)]
@@ -230,19 +230,25 @@ impl Drop for Permit<'_> {
 /// The layer: a backend behind a circuit breaker.
 pub struct Breaker<S> {
     inner: S,
-    circuit: Circuit,
+    /// Shared with the store's upkeep, which reports its state.
+    circuit: Arc<Circuit>,
 }
 
 impl<S: Store> Breaker<S> {
     pub fn new(inner: S, options: BreakerOptions, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner,
-            circuit: Circuit::new(options, clock),
+            circuit: Arc::new(Circuit::new(options, clock)),
         }
     }
 
     pub fn state(&self) -> BreakerState {
         self.circuit.state()
+    }
+
+    /// The circuit, for the upkeep's report.
+    pub fn circuit(&self) -> Arc<Circuit> {
+        self.circuit.clone()
     }
 }
 
@@ -258,13 +264,6 @@ impl<S: Store> Store for Breaker<S> {
             _ => permit.success(),
         }
         result
-    }
-
-    forward_upkeep!(housekeeping, flush, flush_every);
-
-    fn status(&self, status: &mut StoreStatus) {
-        self.inner.status(status);
-        status.breaker = Some(self.circuit.state());
     }
 }
 

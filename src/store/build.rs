@@ -2,7 +2,6 @@
 //! so what runs in production is what the tests prove.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::breaker::{Breaker, BreakerOptions};
 use super::fallback::Fallback;
@@ -10,7 +9,8 @@ use super::lease::{LeaseOptions, LeaseTable, Leases};
 use super::metered::{BackendObserver, Metered};
 use super::over_limit::OverLimitCache;
 use super::redis::{RedisConfigError, RedisOptions, RedisStore};
-use super::{Check, FailureMode, MemoryStore, Outcome, Store, StoreError, StoreStatus};
+use super::upkeep::{SharedUpkeep, Upkeep};
+use super::{Check, FailureMode, MemoryStore, Outcome, Store, StoreError};
 use crate::clock::{Clock, MonotonicClock, SystemClock};
 
 /// Where the counters live.
@@ -91,22 +91,28 @@ pub enum BuildError {
     Redis(#[from] RedisConfigError),
 }
 
+/// The shared backend as the lease layer sees it: Redis behind its breaker, metered.
+pub type Backend = Metered<Breaker<RedisStore>>;
+
 /// The shared-backend stack, outermost first (see the module documentation of `store`).
-pub type Shared = OverLimitCache<Fallback<Leases<Metered<Breaker<RedisStore>>>>>;
+pub type Shared = OverLimitCache<Fallback<Leases<Backend>>>;
 
 /// What [`build`] returns: the memory store alone, or the shared stack.
 pub enum Stack {
-    Memory(MemoryStore),
+    Memory(Arc<MemoryStore>),
     Shared(Box<Shared>),
 }
 
-/// Assembles the store `config` describes. Connections to Redis are made ahead, in the
-/// background, when called inside a Tokio runtime; sluice starts while Redis is down.
-pub fn build(config: &StoreConfig) -> Result<Stack, BuildError> {
+/// Assembles the store `config` describes, and the upkeep that runs beside it (see
+/// [`Upkeep`]). Connections to Redis are made ahead, in the background, when called inside a
+/// Tokio runtime; sluice starts while Redis is down.
+pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
     let clocks = &config.clocks;
-    let memory = MemoryStore::new(clocks.wall.clone(), config.max_keys);
+    let memory = Arc::new(MemoryStore::new(clocks.wall.clone(), config.max_keys));
     let options = match &config.backend {
-        BackendConfig::Memory => return Ok(Stack::Memory(memory)),
+        BackendConfig::Memory => {
+            return Ok((Stack::Memory(memory.clone()), Upkeep::memory(memory)));
+        }
         BackendConfig::Redis(options) => options,
     };
     let mut redis = RedisStore::new(options)?;
@@ -114,16 +120,32 @@ pub fn build(config: &StoreConfig) -> Result<Stack, BuildError> {
         redis = redis.with_pinned_clock(pinned.clone());
     }
     redis.connect_ahead();
+    let reached = redis.reached();
     let breaker = Breaker::new(redis, config.breaker, clocks.monotonic.clone());
+    let circuit = breaker.circuit();
     let metered = Metered::new(breaker, config.observer.clone());
     // Leases are kept for rules that ask for them even when the default mode is strict.
     let leases = Leases::new(
         metered,
         LeaseTable::new(config.leases, clocks.monotonic.clone()),
     );
-    let fallback = Fallback::new(leases, memory, config.failure_mode);
+    let give_back = leases.give_back();
+    let fallback = Fallback::new(leases, memory.clone(), config.failure_mode);
+    let (policy, serves_without_backend) =
+        (fallback.decisions(), fallback.serves_without_backend());
     let cache = OverLimitCache::new(fallback, config.over_limit_cache, clocks.monotonic.clone());
-    Ok(Stack::Shared(Box::new(cache)))
+    let upkeep = Upkeep::shared(
+        memory,
+        SharedUpkeep {
+            denials: cache.denials(),
+            policy,
+            serves_without_backend,
+            leases: give_back,
+            circuit,
+            reached,
+        },
+    );
+    Ok((Stack::Shared(Box::new(cache)), upkeep))
 }
 
 impl Store for Stack {
@@ -139,33 +161,6 @@ impl Store for Stack {
                 futures_util::future::Either::Left(std::future::ready(m.apply_now(checks)))
             }
             Stack::Shared(s) => futures_util::future::Either::Right(Box::pin(s.apply(checks))),
-        }
-    }
-
-    fn housekeeping(&self) {
-        match self {
-            Stack::Memory(m) => m.housekeeping(),
-            Stack::Shared(s) => s.housekeeping(),
-        }
-    }
-
-    async fn flush(&self, all: bool) {
-        if let Stack::Shared(s) = self {
-            s.flush(all).await;
-        }
-    }
-
-    fn flush_every(&self) -> Option<Duration> {
-        match self {
-            Stack::Memory(_) => None,
-            Stack::Shared(s) => s.flush_every(),
-        }
-    }
-
-    fn status(&self, status: &mut StoreStatus) {
-        match self {
-            Stack::Memory(m) => m.status(status),
-            Stack::Shared(s) => s.status(status),
         }
     }
 }

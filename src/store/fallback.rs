@@ -7,9 +7,10 @@
 //! It decides the request's own checks, whatever the layers inside it were doing (a lease, a
 //! refund): it sits outside them.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Check, CheckKind, FailureMode, MemoryStore, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, CheckKind, FailureMode, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::Verdict;
 
 /// Retry-After for checks denied by the `deny` policy: the backend's state is unknown.
@@ -17,23 +18,44 @@ pub const POLICY_RETRY_US: u64 = 1_000_000;
 
 pub struct Fallback<S> {
     inner: S,
-    local: MemoryStore,
+    /// This node's own counters for `local`; the upkeep sweeps them.
+    local: Arc<MemoryStore>,
     default_mode: FailureMode,
-    decisions: AtomicU64,
+    decisions: Arc<PolicyDecisions>,
+}
+
+/// Requests the failure policy answered, shared with the upkeep's report.
+#[derive(Debug, Default)]
+pub struct PolicyDecisions(AtomicU64);
+
+impl PolicyDecisions {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl<S: Store> Fallback<S> {
-    pub fn new(inner: S, local: MemoryStore, default_mode: FailureMode) -> Self {
+    pub fn new(inner: S, local: Arc<MemoryStore>, default_mode: FailureMode) -> Self {
         Self {
             inner,
             local,
             default_mode,
-            decisions: AtomicU64::new(0),
+            decisions: Arc::default(),
         }
     }
 
+    /// The count of requests the policy answered, for the upkeep.
+    pub fn decisions(&self) -> Arc<PolicyDecisions> {
+        self.decisions.clone()
+    }
+
+    /// Calls are still answered while the backend is down (false when the default is `error`).
+    pub fn serves_without_backend(&self) -> bool {
+        self.default_mode != FailureMode::Error
+    }
+
     fn decide(&self, checks: &[Check<'_>], cause: StoreError) -> Result<Outcome, StoreError> {
-        self.decisions.fetch_add(1, Ordering::Relaxed);
+        self.decisions.0.fetch_add(1, Ordering::Relaxed);
         let mode_of = |c: &Check<'_>| c.on_failure.unwrap_or(self.default_mode);
         if checks.iter().any(|c| mode_of(c) == FailureMode::Error) {
             return Err(cause);
@@ -100,20 +122,6 @@ impl<S: Store> Store for Fallback<S> {
             other => other,
         }
     }
-
-    fn housekeeping(&self) {
-        self.local.housekeeping();
-        self.inner.housekeeping();
-    }
-
-    forward_upkeep!(flush, flush_every);
-
-    fn status(&self, status: &mut StoreStatus) {
-        self.inner.status(status);
-        status.keys_in_memory = Some(self.local.len());
-        status.policy_decisions = Some(self.decisions.load(Ordering::Relaxed));
-        status.serves_without_backend = self.default_mode != FailureMode::Error;
-    }
 }
 
 #[cfg(test)]
@@ -121,7 +129,6 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::limiter::{Algorithm, Limit};
-    use std::sync::Arc;
     use std::time::Duration;
 
     /// A backend that is always down.
@@ -135,7 +142,7 @@ mod tests {
 
     fn fallback(mode: FailureMode) -> Fallback<Down> {
         let clock = Arc::new(ManualClock::new(1_000_000_000));
-        Fallback::new(Down, MemoryStore::new(clock, 100), mode)
+        Fallback::new(Down, Arc::new(MemoryStore::new(clock, 100)), mode)
     }
 
     fn check(limit: &Limit, on_failure: Option<FailureMode>) -> Check<'_> {
@@ -154,7 +161,7 @@ mod tests {
             assert_eq!(out.allowed, i < 2, "local limits alone, call {i}");
             assert!(out.by_policy);
         }
-        assert_eq!(r.report().policy_decisions, Some(5));
+        assert_eq!(r.decisions().get(), 5);
         let r = fallback(FailureMode::Allow);
         assert!(r.apply(&[check(&limit, None)]).await.unwrap().allowed);
         let r = fallback(FailureMode::Deny);
@@ -166,7 +173,7 @@ mod tests {
             r.apply(&[check(&limit, None)]).await,
             Err(StoreError::Timeout(_))
         ));
-        assert!(!r.report().serves_without_backend);
+        assert!(!r.serves_without_backend());
         // A rule's own mode wins over the default.
         assert!(
             r.apply(&[check(&limit, Some(FailureMode::Allow))])

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::sharded::{SHARDS, Sharded};
-use super::{Check, CheckKind, Mode, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, CheckKind, Mode, Outcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::counter::leasable;
 use crate::limiter::{Limit, Verdict};
@@ -427,8 +427,9 @@ impl LeaseTable {
 /// batches pass straight through. A backend failure is returned as it is: the failure policy
 /// outside decides the request's own checks.
 pub struct Leases<S> {
-    inner: S,
-    table: LeaseTable,
+    /// Shared with [`GiveBack`], which refunds leftovers through it.
+    inner: Arc<S>,
+    table: Arc<LeaseTable>,
 }
 
 /// The checks of `checks` on the counter of check `i` (same key and limit), `i` excluded.
@@ -450,7 +451,18 @@ fn own_refunds(original: &[Check<'_>], i: usize) -> u64 {
 
 impl<S: Store> Leases<S> {
     pub fn new(inner: S, table: LeaseTable) -> Self {
-        Self { inner, table }
+        Self {
+            inner: Arc::new(inner),
+            table: Arc::new(table),
+        }
+    }
+
+    /// What gives this layer's leftovers back, for the upkeep.
+    pub fn give_back(&self) -> GiveBack<S> {
+        GiveBack {
+            inner: self.inner.clone(),
+            table: self.table.clone(),
+        }
     }
 
     async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
@@ -581,30 +593,38 @@ impl<S: Store> Store for Leases<S> {
         self.table.learn_refunds(checks, &outcome);
         Ok(outcome)
     }
+}
 
-    forward_upkeep!(housekeeping);
+/// Gives the leftovers of leases that ran out back to the backend; the upkeep runs it a few
+/// times per lease lifetime, and once for every lease when the node stops.
+pub struct GiveBack<S> {
+    inner: Arc<S>,
+    table: Arc<LeaseTable>,
+}
 
+impl<S: Store> GiveBack<S> {
     /// Gives back the leftovers of leases that ran out (all of them when the node stops).
-    async fn flush(&self, all: bool) {
+    pub async fn run(&self, all: bool) {
         let returned = self.table.take_leftovers(all);
-        if !returned.is_empty() {
-            let checks: Vec<Check<'_>> = returned.iter().map(Returned::check).collect();
-            if let Err(e) = self.inner.apply(&checks).await {
-                // They stay counted until their window ends: under-admission, never more.
-                tracing::debug!(error = %e, leases = checks.len(), "could not give leases back");
-            }
+        if returned.is_empty() {
+            return;
         }
-        self.inner.flush(all).await;
+        let checks: Vec<Check<'_>> = returned.iter().map(Returned::check).collect();
+        if let Err(e) = self.inner.apply(&checks).await {
+            // They stay counted until their window ends: under-admission, never more.
+            tracing::debug!(error = %e, leases = checks.len(), "could not give leases back");
+        }
     }
 
-    fn flush_every(&self) -> Option<Duration> {
-        // A few times per lease lifetime, so leftovers go back soon after they run out.
-        Some(self.table.options().ttl / 4)
+    /// How often [`GiveBack::run`] should run: a few times per lease lifetime, so leftovers go
+    /// back soon after they run out.
+    pub fn every(&self) -> Duration {
+        self.table.options().ttl / 4
     }
 
-    fn status(&self, status: &mut StoreStatus) {
-        self.inner.status(status);
-        status.lease_hits_held = Some(self.table.held());
+    /// Hits held in leases now.
+    pub fn held(&self) -> u64 {
+        self.table.held()
     }
 }
 

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
-use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, CheckKind, Outcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{self, State, Update, Verdict};
 
@@ -575,14 +575,6 @@ impl Store for MemoryStore {
         checks: &[Check<'_>],
     ) -> impl std::future::Future<Output = Result<Outcome, StoreError>> + Send {
         std::future::ready(self.apply_now(checks))
-    }
-
-    fn housekeeping(&self) {
-        self.sweep();
-    }
-
-    fn status(&self, status: &mut StoreStatus) {
-        status.keys_in_memory = Some(self.len());
     }
 }
 

@@ -41,6 +41,4 @@ impl<S: Store> Store for Metered<S> {
         }
         result
     }
-
-    forward_upkeep!(housekeeping, flush, flush_every, status);
 }

@@ -22,34 +22,6 @@
 //!
 //! Errors are typed ([`StoreError`]): layers act on the variant, never on a message.
 
-/// Inside a layer's `impl Store`: the upkeep methods it does not own, passed to `self.inner`.
-/// List the ones to forward (`housekeeping`, `flush`, `flush_every`, `status`).
-macro_rules! forward_upkeep {
-    ($($method:ident),*) => {
-        $(forward_upkeep!(@ $method);)*
-    };
-    (@ flush_every) => {
-        fn flush_every(&self) -> Option<std::time::Duration> {
-            self.inner.flush_every()
-        }
-    };
-    (@ housekeeping) => {
-        fn housekeeping(&self) {
-            self.inner.housekeeping();
-        }
-    };
-    (@ flush) => {
-        async fn flush(&self, all: bool) {
-            self.inner.flush(all).await;
-        }
-    };
-    (@ status) => {
-        fn status(&self, status: &mut $crate::store::StoreStatus) {
-            self.inner.status(status);
-        }
-    };
-}
-
 pub mod breaker;
 mod build;
 pub mod fallback;
@@ -59,18 +31,20 @@ pub mod metered;
 pub mod over_limit;
 pub mod redis;
 mod sharded;
+mod upkeep;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use crate::counter::{FailureMode, KeyBuf, Mode};
 pub use breaker::{Breaker, BreakerOptions, BreakerState};
-pub use build::{BackendConfig, BuildError, Clocks, Shared, Stack, StoreConfig, build};
+pub use build::{Backend, BackendConfig, BuildError, Clocks, Shared, Stack, StoreConfig, build};
 pub use fallback::Fallback;
 pub use lease::{LeaseOptions, Leases};
 pub use memory::MemoryStore;
 pub use metered::{BackendObserver, Metered};
 pub use over_limit::OverLimitCache;
+pub use upkeep::{StoreStatus, Upkeep};
 
 use crate::limiter::{Limit, Verdict};
 
@@ -186,52 +160,6 @@ pub struct Outcome {
     pub backend_now_us: Vec<u64>,
 }
 
-/// What a store and its layers report for health and metrics; each layer fills in what it owns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreStatus {
-    /// Counters held in this process's memory.
-    pub keys_in_memory: Option<usize>,
-    /// Hits held in quota leases.
-    pub lease_hits_held: Option<u64>,
-    /// Denials the over-limit cache holds.
-    pub cached_denials: Option<usize>,
-    /// Requests the failure policy answered.
-    pub policy_decisions: Option<u64>,
-    pub breaker: Option<BreakerState>,
-    /// Calls are still answered while the backend is down (false when the policy is `error`).
-    pub serves_without_backend: bool,
-    /// The backend has been reached at least once since the start (always, without one).
-    pub backend_reached: bool,
-}
-
-impl Default for StoreStatus {
-    fn default() -> Self {
-        Self {
-            keys_in_memory: None,
-            lease_hits_held: None,
-            cached_denials: None,
-            policy_decisions: None,
-            breaker: None,
-            serves_without_backend: true,
-            backend_reached: true,
-        }
-    }
-}
-
-impl StoreStatus {
-    /// The backend answers now (false while its circuit is open or half-open).
-    pub fn backend_up(&self) -> bool {
-        self.breaker.is_none_or(|b| b == BreakerState::Closed)
-    }
-
-    /// Ready to take traffic: the backend has been reached since the start (a node that never
-    /// could is misconfigured or cut off, as the reference service treats it), and it is up or
-    /// the failure policy answers without it.
-    pub fn ready(&self) -> bool {
-        self.backend_reached && (self.backend_up() || self.serves_without_backend)
-    }
-}
-
 pub trait Store: Send + Sync + 'static {
     /// Applies `checks` atomically with respect to every other call: all enforced and shadow
     /// checks that fit consume if and only if no enforced check is denied.
@@ -239,29 +167,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+}
 
-    /// Periodic CPU-bound upkeep (forgetting expired keys and denials). The server runs it every
-    /// few seconds on a blocking thread, never on an async worker.
-    fn housekeeping(&self) {}
-
-    /// Gives quota held on this node back to the shared store: what ran out, or everything when
-    /// the node stops (`all`).
-    fn flush(&self, _all: bool) -> impl Future<Output = ()> + Send {
-        std::future::ready(())
-    }
-
-    /// How often `flush(false)` should run (None: nothing is ever held).
-    fn flush_every(&self) -> Option<Duration> {
-        None
-    }
-
-    /// Writes what this store (and each layer, for its own part) reports.
-    fn status(&self, _status: &mut StoreStatus) {}
-
-    /// The whole stack's report.
-    fn report(&self) -> StoreStatus {
-        let mut status = StoreStatus::default();
-        self.status(&mut status);
-        status
+/// A store shared with its [`Upkeep`] (the lease layer's backend, which the upkeep also gives
+/// leftovers back through) is still a store.
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn apply(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        (**self).apply(checks)
     }
 }

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use super::sharded::{SHARDS, Sharded};
-use super::{Check, CheckKind, Outcome, Store, StoreError, StoreStatus};
+use super::{Check, CheckKind, Outcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{Algorithm, Limit, Verdict};
 
@@ -35,6 +35,12 @@ struct Denial {
 
 pub struct OverLimitCache<S> {
     inner: S,
+    /// Shared with the store's upkeep, which sweeps and counts them.
+    denials: Arc<Denials>,
+}
+
+/// The cached denials, sharded.
+pub struct Denials {
     entries: Sharded<Denial>,
     /// Per shard; 0: the cache is off.
     max_per_shard: usize,
@@ -46,12 +52,21 @@ impl<S: Store> OverLimitCache<S> {
     pub fn new(inner: S, max_entries: usize, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner,
-            entries: Sharded::new(),
-            max_per_shard: max_entries.div_ceil(SHARDS),
-            clock,
+            denials: Arc::new(Denials {
+                entries: Sharded::new(),
+                max_per_shard: max_entries.div_ceil(SHARDS),
+                clock,
+            }),
         }
     }
 
+    /// The denials, for the upkeep.
+    pub fn denials(&self) -> Arc<Denials> {
+        self.denials.clone()
+    }
+}
+
+impl Denials {
     /// The cached denial of this check at `now`, if one applies.
     fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
         // A cost limit's charge must reach the backend, denied or not.
@@ -124,16 +139,24 @@ impl<S: Store> OverLimitCache<S> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Forgets the denials that have run out.
+    pub fn sweep(&self) {
+        let now = self.clock.now_micros();
+        self.entries
+            .for_each_shard(|m| m.retain(|_, d| d.until_us > now));
+    }
 }
 
 impl<S: Store> Store for OverLimitCache<S> {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
-        if self.max_per_shard == 0 {
+        let denials = &self.denials;
+        if denials.max_per_shard == 0 {
             return self.inner.apply(checks).await;
         }
         // The cache's own clock, read when the call is sent: a denial is learned from then.
-        let now = self.clock.now_micros();
-        let cached: Option<Vec<Verdict>> = checks.iter().map(|c| self.denial(c, now)).collect();
+        let now = denials.clock.now_micros();
+        let cached: Option<Vec<Verdict>> = checks.iter().map(|c| denials.denial(c, now)).collect();
         if let Some(verdicts) = cached.filter(|v| !v.is_empty()) {
             return Ok(Outcome {
                 allowed: false,
@@ -143,21 +166,7 @@ impl<S: Store> Store for OverLimitCache<S> {
             });
         }
         let outcome = self.inner.apply(checks).await?;
-        self.learn(checks, &outcome, now);
+        denials.learn(checks, &outcome, now);
         Ok(outcome)
-    }
-
-    fn housekeeping(&self) {
-        let now = self.clock.now_micros();
-        self.entries
-            .for_each_shard(|m| m.retain(|_, d| d.until_us > now));
-        self.inner.housekeeping();
-    }
-
-    forward_upkeep!(flush, flush_every);
-
-    fn status(&self, status: &mut StoreStatus) {
-        self.inner.status(status);
-        status.cached_denials = Some(self.len());
     }
 }

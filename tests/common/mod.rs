@@ -6,19 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::clock::ManualClock;
-use sluice::engine::{Engine, EngineSettings};
+use sluice::engine::Engine;
+use sluice::engine::EngineSettings;
 use sluice::proto::{self, RateLimitServiceClient};
-use sluice::rules::load_texts;
-use sluice::server::{self, Options, Running};
+use sluice::rules::{LoadOptions, load_texts};
+use sluice::server::{self, Config, RulesSource, Running};
 use sluice::service::HeaderSet;
-use sluice::store::MemoryStore;
+use sluice::store::{BackendConfig, Clocks, Stack, StoreConfig, Upkeep, build};
 use tonic::transport::Channel;
 
 pub const S: u64 = 1_000_000;
 
 pub struct TestServer {
     pub clock: Arc<ManualClock>,
-    pub running: Running<MemoryStore>,
+    pub running: Running,
 }
 
 pub async fn start(rules: &str, headers: &str, settings: EngineSettings) -> TestServer {
@@ -35,23 +36,77 @@ pub async fn start_with_tls(
     // A round time (a whole hour) so window boundaries in tests are predictable.
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
     let rules = load_texts([("rules.yaml", rules)]).expect("test rules are valid");
-    let store = MemoryStore::new(clock.clone(), 100_000);
-    let engine = Arc::new(Engine::new(rules, store, settings));
-    let options = Options {
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
+    let config = Config {
         headers: HeaderSet::parse(headers).unwrap(),
-        housekeeping_every: Duration::from_secs(3600),
-        reloader: None,
         // A small series cap, so tests reach it.
         metrics: Some(Arc::new(sluice::metrics::Metrics::new(0.8, 3))),
         json: true,
         dynamic_metadata: true,
         grpc_tls,
-        reference_metrics: None,
+        engine: settings,
+        ..config(RulesSource::Given(rules), memory(&clock, 100_000))
     };
-    let running = server::start(options, engine).await.expect("server starts");
+    let running = server::start(config).await.expect("server starts");
     TestServer { clock, running }
+}
+
+/// A node as `sluice serve` assembles it, without listeners: the engine over the built store,
+/// and the store's upkeep (its report; the give-back the server's timer runs).
+pub struct Assembled {
+    pub engine: Engine<Stack>,
+    pub upkeep: Upkeep,
+}
+
+impl std::ops::Deref for Assembled {
+    type Target = Engine<Stack>;
+
+    fn deref(&self) -> &Engine<Stack> {
+        &self.engine
+    }
+}
+
+/// [`Assembled`] from `store` and one rules file's text.
+pub fn assemble(store: &StoreConfig, rules: &str) -> Assembled {
+    let (stack, upkeep) = build(store).expect("the store builds");
+    Assembled {
+        engine: Engine::new(
+            load_texts([("rules.yaml", rules)]).expect("test rules are valid"),
+            stack,
+            EngineSettings::default(),
+        ),
+        upkeep,
+    }
+}
+
+/// The memory backend with at most `max_keys` counters, on `clock`.
+pub fn memory(clock: &Arc<ManualClock>, max_keys: usize) -> StoreConfig {
+    StoreConfig {
+        max_keys,
+        clocks: Clocks::pinned(clock.clone()),
+        ..StoreConfig::new(BackendConfig::Memory)
+    }
+}
+
+/// A server on free loopback ports with `rules` and `store`: no metrics, no headers, no JSON
+/// endpoint, no drain, nothing swept during a test.
+pub fn config(rules: RulesSource, store: StoreConfig) -> Config {
+    Config {
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        grpc_tls: None,
+        reference_metrics: None,
+        rules,
+        load: LoadOptions::default(),
+        store,
+        engine: EngineSettings::default(),
+        headers: HeaderSet::parse("none").unwrap(),
+        json: false,
+        dynamic_metadata: false,
+        metrics: None,
+        sweep_every: Duration::from_secs(3600),
+        drain_delay: Duration::ZERO,
+        shutdown_grace: Duration::from_secs(10),
+    }
 }
 
 impl TestServer {

@@ -334,6 +334,11 @@ impl RedisStore {
         })
     }
 
+    /// Whether Redis has been reached, for the upkeep (readiness).
+    pub fn reached(&self) -> Reached {
+        Reached(self.pool.clone())
+    }
+
     /// Makes the connections in the background now (on the current Tokio runtime; without one,
     /// the first calls make them).
     pub fn connect_ahead(&self) {
@@ -469,11 +474,17 @@ fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
     })
 }
 
-impl Store for RedisStore {
-    fn status(&self, status: &mut crate::store::StoreStatus) {
-        status.backend_reached = self.pool.reached.load(Ordering::Acquire);
-    }
+/// Whether a connection to Redis has succeeded since the start, for the upkeep's report.
+#[derive(Clone)]
+pub struct Reached(Arc<Pool>);
 
+impl Reached {
+    pub fn get(&self) -> bool {
+        self.0.reached.load(Ordering::Acquire)
+    }
+}
+
+impl Store for RedisStore {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let now = self
             .pinned

@@ -1,0 +1,232 @@
+//! The `sluice` command line: `serve` (its flags become a [`server::Config`](crate::server::Config)
+//! in `serve`), and the tools that need no server: `validate`, `explain`, `schema` and `probe`.
+//! Run as `ratelimit` (or with `SLUICE_REFERENCE_ENV=true`), the reference service's
+//! environment is read in too (`reference_env`).
+
+pub mod reference_env;
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::rules::{LoadOptions, load_path_with};
+pub use serve::{ServeArgs, runtime};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    args_override_self = true,
+    about = "A rate limit service for Envoy (RLS v3)"
+)]
+pub struct Cli {
+    /// Log format on stderr; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// Rules files naming the same domain add their descriptors to it (the reference's
+    /// MERGE_DOMAIN_CONFIG); without it a domain in two files is an error.
+    #[arg(long, env = "SLUICE_MERGE_DOMAINS", global = true)]
+    pub merge_domains: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve ShouldRateLimit on --grpc-addr and /healthcheck, /json on --http-addr.
+    // A flag given twice takes its last value: the reference's settings come first (see
+    // command_line), the command line's own after them.
+    #[command(args_override_self = true)]
+    Serve(Box<ServeArgs>),
+    #[command(flatten)]
+    Tool(Tool),
+}
+
+/// The commands that need no server.
+#[derive(Subcommand)]
+pub enum Tool {
+    /// Check rules exactly as `serve` loads them.
+    Validate {
+        /// A YAML file or a directory of *.yaml / *.yml files.
+        path: PathBuf,
+    },
+    /// Exit 0 if the local server is ready (GET /readyz), 1 otherwise: a container HEALTHCHECK.
+    Probe {
+        #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: SocketAddr,
+    },
+    /// Print the JSON Schema of rules files (config/sluice-rules.schema.json is this output).
+    Schema,
+    /// Show what the rules do with a request: the matched rule path (or where matching stopped),
+    /// the limits, their algorithms and the counters' storage keys.
+    Explain {
+        #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
+        config: PathBuf,
+        #[arg(long)]
+        domain: String,
+        /// One descriptor's entries in order: k=v[,k=v...]. Repeat for several descriptors.
+        #[arg(long = "descriptor", required = true)]
+        descriptors: Vec<String>,
+        #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
+        redis_key_prefix: String,
+    },
+}
+
+/// The command line as given, with the reference's environment when sluice runs in its place;
+/// a clap error (or `--help`) ends the process as clap does.
+pub fn parse() -> Result<(Cli, reference_env::Translation), String> {
+    let (args, reference) = command_line()?;
+    Ok((Cli::parse_from(args), reference))
+}
+
+/// The command line, with the reference service's environment read in when sluice runs in its
+/// place: invoked as `ratelimit` (the image's `/bin/ratelimit`, as Envoy Gateway starts it; with
+/// no arguments that means `serve`) or with `SLUICE_REFERENCE_ENV=true`.
+fn command_line() -> Result<(Vec<std::ffi::OsString>, reference_env::Translation), String> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let as_reference = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "ratelimit");
+    let asked = std::env::var("SLUICE_REFERENCE_ENV").is_ok_and(|v| v == "true" || v == "1");
+    if !as_reference && !asked {
+        return Ok((args, Default::default()));
+    }
+    if as_reference && args.len() == 1 {
+        args.push("serve".into());
+    }
+    let mut t = reference_env::translate(|k| std::env::var(k).ok())
+        .map_err(|e| format!("sluice (as the reference service): {e}"))?;
+    // Only `serve` takes them; after the subcommand, before the command line's own flags (a
+    // repeated flag's last value wins, so those still override).
+    if let Some(at) = args.iter().position(|a| a == "serve") {
+        let tail = args.split_off(at + 1);
+        args.extend(std::mem::take(&mut t.flags).into_iter().map(Into::into));
+        args.extend(tail);
+    }
+    Ok((args, t))
+}
+
+impl Tool {
+    pub fn run(self, load: LoadOptions) -> ExitCode {
+        match self {
+            Tool::Validate { path } => validate(&path, load),
+            Tool::Probe { http_addr } => probe(http_addr),
+            Tool::Schema => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&crate::rules::schema()).unwrap_or_default()
+                );
+                ExitCode::SUCCESS
+            }
+            Tool::Explain {
+                config,
+                domain,
+                descriptors,
+                redis_key_prefix,
+            } => explain(&config, &domain, &descriptors, &redis_key_prefix, load),
+        }
+    }
+}
+
+/// `default_level` when `RUST_LOG` is not set.
+pub fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn validate(path: &std::path::Path, load: LoadOptions) -> ExitCode {
+    match load_path_with(path, load) {
+        Ok(rules) => {
+            println!(
+                "ok: {} domains, {} rules",
+                rules.domain_count(),
+                rules.rule_count()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            println!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn probe(addr: SocketAddr) -> ExitCode {
+    use std::io::{Read, Write};
+    // A listener on 0.0.0.0 is reached on loopback.
+    let addr = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let ready = (|| -> std::io::Result<bool> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+        stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n")?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head)?;
+        Ok(&head[9..12] == b"200")
+    })();
+    match ready {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("sluice: not ready");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sluice: {addr}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(
+    config: &std::path::Path,
+    domain: &str,
+    descriptors: &[String],
+    prefix: &str,
+    load: LoadOptions,
+) -> ExitCode {
+    let rules = match load_path_with(config, load) {
+        Ok(rules) => rules,
+        Err(errors) => {
+            println!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let parsed: Result<Vec<_>, _> = descriptors
+        .iter()
+        .map(|d| crate::explain::parse_descriptor(d))
+        .collect();
+    match parsed {
+        Ok(parsed) => {
+            print!(
+                "{}",
+                crate::explain::explain(&rules, domain, &parsed, prefix)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: --descriptor {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! What runs beside the store, and what it reports. [`build`](super::build) returns it with the
+//! stack, as tower's `Buffer::pair` hands its worker back: the stack only decides
+//! ([`Store::apply`](super::Store::apply)); the server runs this on its timers and reads its
+//! report for readiness and gauges.
+//!
+//! Each layer keeps what its upkeep needs behind an `Arc` it shares with this value: the memory
+//! counters (swept of expired keys), the over-limit cache's denials (swept), the failure
+//! policy's tally, the leases' leftovers (given back), the breaker's circuit and whether Redis
+//! was ever reached. The upkeep owns no decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::breaker::{BreakerState, Circuit};
+use super::fallback::PolicyDecisions;
+use super::lease::GiveBack;
+use super::over_limit::Denials;
+use super::redis::Reached;
+use super::{Backend, MemoryStore};
+
+/// The upkeep of one store stack.
+pub struct Upkeep {
+    /// The memory backend's counters, or the failure policy's own.
+    memory: Arc<MemoryStore>,
+    /// The shared backend's layers; None for the memory backend.
+    shared: Option<SharedUpkeep>,
+}
+
+/// The parts of the shared stack's layers that the upkeep tends or reads.
+pub(super) struct SharedUpkeep {
+    pub denials: Arc<Denials>,
+    pub policy: Arc<PolicyDecisions>,
+    pub serves_without_backend: bool,
+    pub leases: GiveBack<Backend>,
+    pub circuit: Arc<Circuit>,
+    pub reached: Reached,
+}
+
+impl Upkeep {
+    pub(super) fn memory(memory: Arc<MemoryStore>) -> Self {
+        Self {
+            memory,
+            shared: None,
+        }
+    }
+
+    pub(super) fn shared(memory: Arc<MemoryStore>, shared: SharedUpkeep) -> Self {
+        Self {
+            memory,
+            shared: Some(shared),
+        }
+    }
+
+    /// Forgets expired counters and denials: CPU-bound (a walk of every key), so the server
+    /// runs it every few seconds on a blocking thread, never on an async worker.
+    pub fn sweep(&self) {
+        self.memory.sweep();
+        if let Some(s) = &self.shared {
+            s.denials.sweep();
+        }
+    }
+
+    /// How often [`Upkeep::give_back`] should run; None when nothing is ever held.
+    pub fn give_back_every(&self) -> Option<Duration> {
+        self.shared.as_ref().map(|s| s.leases.every())
+    }
+
+    /// Gives quota held on this node back to the shared store: what ran out, or everything
+    /// when the node stops (`all`).
+    pub async fn give_back(&self, all: bool) {
+        if let Some(s) = &self.shared {
+            s.leases.run(all).await;
+        }
+    }
+
+    /// What the store reports now.
+    pub fn report(&self) -> StoreStatus {
+        let keys_in_memory = Some(self.memory.len());
+        let Some(s) = &self.shared else {
+            return StoreStatus {
+                keys_in_memory,
+                ..StoreStatus::default()
+            };
+        };
+        StoreStatus {
+            keys_in_memory,
+            lease_hits_held: Some(s.leases.held()),
+            cached_denials: Some(s.denials.len()),
+            policy_decisions: Some(s.policy.get()),
+            breaker: Some(s.circuit.state()),
+            serves_without_backend: s.serves_without_backend,
+            backend_reached: s.reached.get(),
+        }
+    }
+}
+
+/// What the store reports for health and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// Counters held in this process's memory.
+    pub keys_in_memory: Option<usize>,
+    /// Hits held in quota leases.
+    pub lease_hits_held: Option<u64>,
+    /// Denials the over-limit cache holds.
+    pub cached_denials: Option<usize>,
+    /// Requests the failure policy answered.
+    pub policy_decisions: Option<u64>,
+    pub breaker: Option<BreakerState>,
+    /// Calls are still answered while the backend is down (false when the policy is `error`).
+    pub serves_without_backend: bool,
+    /// The backend has been reached at least once since the start (always, without one).
+    pub backend_reached: bool,
+}
+
+impl Default for StoreStatus {
+    fn default() -> Self {
+        Self {
+            keys_in_memory: None,
+            lease_hits_held: None,
+            cached_denials: None,
+            policy_decisions: None,
+            breaker: None,
+            serves_without_backend: true,
+            backend_reached: true,
+        }
+    }
+}
+
+impl StoreStatus {
+    /// The backend answers now (false while its circuit is open or half-open).
+    pub fn backend_up(&self) -> bool {
+        self.breaker.is_none_or(|b| b == BreakerState::Closed)
+    }
+}
