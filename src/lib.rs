@@ -1,9 +1,23 @@
 //! sluice: a rate limit service for Envoy (envoy.service.ratelimit.v3).
 //!
-//! The folders are the architecture: `rules` (parse, validate, match), `limiter` (the
-//! algorithms as pure functions), `store` (where state lives: memory), `engine` (one request:
-//! match, build checks, apply them all-or-nothing, report), `service` (gRPC adapter), `admin`
-//! (HTTP), `server` (wiring and lifecycle), `xds` (rules pushed by an xDS server).
+//! The folders are the architecture, from the edge inwards:
+//!
+//! - [`cli`]: the command line (flags, the reference's environment, the tools) and what `serve`'s
+//!   flags become, a [`server::Config`].
+//! - [`server`]: the running system: rules source and reloads, the store's upkeep on timers,
+//!   listeners, drain and graceful stop ([`server::run`]). [`readiness`]: whether this node takes
+//!   traffic, the one rule every health door reads.
+//! - [`service`] (gRPC: RLS, headers, health), [`admin`] (HTTP), [`xds`] (rules pushed by an xDS
+//!   server): the doors. [`metrics`]: what the doors and the store report, for Prometheus.
+//! - [`engine`]: one request: match, build checks, apply them all-or-nothing, report.
+//!   [`explain`]: the same matching, shown instead of applied.
+//! - [`rules`]: parse, validate, compile, match, reload. [`counter`]: what rules and stores share
+//!   (keys, units, periods, modes).
+//! - [`store`]: where state lives (memory or Redis) and the layers around the backend, composed
+//!   once in [`store::build`], which returns the stack and its upkeep.
+//! - [`limiter`]: the algorithms as pure functions, and their facts.
+//! - [`clock`] (time, manual in tests), [`proto`] (the compiled protos), [`tls`] (the gRPC
+//!   listener's certificates, rotated).
 
 pub mod admin;
 pub mod cli;

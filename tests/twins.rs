@@ -397,52 +397,48 @@ fn overdraft_with_redis(algorithm: Algorithm) {
     prove(algorithm, true, &redis);
 }
 
-#[test]
-fn fixed_window_overdraft_script_is_its_rust_twin() {
-    overdraft_with_redis(Algorithm::FixedWindow);
+/// One test per algorithm, and per algorithm that takes cost limits, each with its own server
+/// (see [`with_redis`]); the lists they are made from are checked against `Algorithm::ALL`.
+macro_rules! twin_tests {
+    ($list:ident, $prove:ident: $($name:ident => $algorithm:ident),* $(,)?) => {
+        const $list: &[Algorithm] = &[$(Algorithm::$algorithm),*];
+        $(
+            #[test]
+            fn $name() {
+                $prove(Algorithm::$algorithm);
+            }
+        )*
+    };
 }
 
-#[test]
-fn token_bucket_overdraft_script_is_its_rust_twin() {
-    overdraft_with_redis(Algorithm::TokenBucket);
-}
+twin_tests!(PROVEN, with_redis:
+    fixed_window_script_is_its_rust_twin => FixedWindow,
+    sliding_window_script_is_its_rust_twin => SlidingWindow,
+    sliding_log_script_is_its_rust_twin => SlidingLog,
+    token_bucket_script_is_its_rust_twin => TokenBucket,
+    leaky_bucket_script_is_its_rust_twin => LeakyBucket,
+    gcra_script_is_its_rust_twin => Gcra,
+);
 
-#[test]
-fn leaky_bucket_overdraft_script_is_its_rust_twin() {
-    overdraft_with_redis(Algorithm::LeakyBucket);
-}
+twin_tests!(PROVEN_OVERDRAFT, overdraft_with_redis:
+    fixed_window_overdraft_script_is_its_rust_twin => FixedWindow,
+    token_bucket_overdraft_script_is_its_rust_twin => TokenBucket,
+    leaky_bucket_overdraft_script_is_its_rust_twin => LeakyBucket,
+    gcra_overdraft_script_is_its_rust_twin => Gcra,
+);
 
+/// Step 3 of the limiter's checklist for adding an algorithm: its twin test here.
 #[test]
-fn gcra_overdraft_script_is_its_rust_twin() {
-    overdraft_with_redis(Algorithm::Gcra);
-}
-
-#[test]
-fn fixed_window_script_is_its_rust_twin() {
-    with_redis(Algorithm::FixedWindow);
-}
-
-#[test]
-fn sliding_window_script_is_its_rust_twin() {
-    with_redis(Algorithm::SlidingWindow);
-}
-
-#[test]
-fn sliding_log_script_is_its_rust_twin() {
-    with_redis(Algorithm::SlidingLog);
-}
-
-#[test]
-fn token_bucket_script_is_its_rust_twin() {
-    with_redis(Algorithm::TokenBucket);
-}
-
-#[test]
-fn leaky_bucket_script_is_its_rust_twin() {
-    with_redis(Algorithm::LeakyBucket);
-}
-
-#[test]
-fn gcra_script_is_its_rust_twin() {
-    with_redis(Algorithm::Gcra);
+fn every_algorithm_is_proven() {
+    for algorithm in Algorithm::ALL {
+        assert!(
+            PROVEN.contains(&algorithm),
+            "{algorithm} has no twin test: add it to twin_tests!(PROVEN, ...) in tests/twins.rs"
+        );
+        assert_eq!(
+            PROVEN_OVERDRAFT.contains(&algorithm),
+            algorithm.counts_past_limit(),
+            "{algorithm}: twin_tests!(PROVEN_OVERDRAFT, ...) in tests/twins.rs must list exactly the algorithms that take cost limits"
+        );
+    }
 }

@@ -13,7 +13,7 @@ pub use key::KeyBuf;
 pub use unit::Unit;
 
 use crate::clock::MICROS_PER_SECOND;
-use crate::limiter::{Algorithm, TIME_MAX};
+use crate::limiter::TIME_MAX;
 
 /// `name()`, `Display` and `FromStr` for an enum of settings spelled in rules and flags
 /// (`failure_mode`, `mode`); an unknown spelling's error lists the choices.
@@ -104,13 +104,6 @@ spelled_enum!(Mode, "mode", {
     Hybrid => "hybrid",
 });
 
-/// Whether a lease of quota can never over-admit with this algorithm: a hit charged early in
-/// the current window counts exactly like one charged later in it. Buckets drain while a lease
-/// sits unused, and a sliding log stamps hits when they are charged, so they stay strict.
-pub fn leasable(algorithm: Algorithm) -> bool {
-    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
-}
-
 /// A period the arithmetic cannot hold exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PeriodError {
@@ -187,16 +180,5 @@ mod tests {
             Err("unknown failure mode 'allowed' (expected allow, deny, local or error)".into())
         );
         assert_eq!("hybrid".parse::<Mode>(), Ok(Mode::Hybrid));
-    }
-
-    #[test]
-    fn only_window_algorithms_lease() {
-        for alg in Algorithm::ALL {
-            assert_eq!(
-                leasable(alg),
-                matches!(alg, Algorithm::FixedWindow | Algorithm::SlidingWindow),
-                "{alg}"
-            );
-        }
     }
 }

@@ -9,6 +9,27 @@
 //! algorithms that need products (sliding window, the buckets) work in ticks of `tick_us`, chosen
 //! per limit so every product stays at or below 2^53. That keeps the Rust code and its Lua twin
 //! (Lua numbers are doubles) bit-for-bit equal.
+//!
+//! An algorithm's facts are properties of [`Algorithm`] ([`Algorithm::has_burst`],
+//! [`Algorithm::leasable`], [`Algorithm::counts_past_limit`], [`Algorithm::denial_is_steady`]):
+//! the layers read them instead of matching on algorithms, and error messages list the
+//! algorithms from them.
+//!
+//! # Adding an algorithm
+//!
+//! 1. Rust: a variant of [`Algorithm`], its `name`, `id` (the next number: the Redis script
+//!    packs it in 3 bits, checked at compile time in `store::redis`) and its facts — each is a
+//!    `match`, so a missing arm does not compile. Add it to [`Algorithm::ALL`] (the test
+//!    `all_lists_every_id` fails otherwise). A module here with `decide` and `refund`, wired
+//!    into [`decide`] and [`refund`]; a new [`State`] shape needs the memory store's `Kind`
+//!    (2 bits, all four used: widen `KIND_BITS`, checked at compile time) and its `Log`-style
+//!    handling if it is not three words.
+//! 2. Lua: its twin in `src/store/redis/lua/` and its branch in `batch.lua`'s dispatch on the
+//!    head's algorithm id (`store::redis::script` loads the files).
+//! 3. Twins: its state generator in `tests/twins.rs` (an exhaustive `match`) and a
+//!    `with_redis(Algorithm::…)` test there; `every_algorithm_is_proven` names a missing one.
+//! 4. Docs: the README's algorithm table and the rules' schema text (`rules::parse`); the test
+//!    `readme_names_every_algorithm` names a missing one.
 
 mod bucket;
 mod fixed_window;
@@ -78,16 +99,58 @@ impl Algorithm {
         !matches!(self, Algorithm::FixedWindow | Algorithm::SlidingLog)
     }
 
-    /// Whether `burst` means something for this algorithm.
-    pub fn has_burst(self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
-        )
+    /// Whether `burst` means something for this algorithm: it keeps a level that drains
+    /// continuously, up to a capacity.
+    pub const fn has_burst(self) -> bool {
+        match self {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => false,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => true,
+        }
+    }
+
+    /// Whether a lease of quota (`mode: hybrid`, see `store::lease`) can never over-admit: a hit
+    /// charged early in the current window counts exactly like one charged later in it.
+    /// Buckets drain while a lease sits unused, and a sliding log stamps hits when they are
+    /// charged, so they stay strict.
+    pub const fn leasable(self) -> bool {
+        match self {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => true,
+            Algorithm::SlidingLog
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => false,
+        }
+    }
+
+    /// Whether usage past the limit can be kept exactly, as a cost limit (`overdraft`) needs: a
+    /// fixed window's count, a bucket's level. A sliding window's weighted estimate and a
+    /// sliding log's stamps cannot.
+    pub const fn counts_past_limit(self) -> bool {
+        match self {
+            Algorithm::FixedWindow
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => true,
+            Algorithm::SlidingWindow | Algorithm::SlidingLog => false,
+        }
+    }
+
+    /// Whether a denial's status stays as it was until the request fits, whatever it asked: a
+    /// fixed window's count only changes when the window ends. (Elsewhere a denial is steady
+    /// only when one more hit would have fitted.) The over-limit cache relies on it.
+    pub const fn denial_is_steady(self) -> bool {
+        match self {
+            Algorithm::FixedWindow => true,
+            Algorithm::SlidingWindow
+            | Algorithm::SlidingLog
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => false,
+        }
     }
 
     /// A stable one-byte identity, part of storage keys.
-    pub fn id(self) -> u8 {
+    pub const fn id(self) -> u8 {
         match self {
             Algorithm::FixedWindow => 1,
             Algorithm::SlidingWindow => 2,
@@ -95,6 +158,33 @@ impl Algorithm {
             Algorithm::TokenBucket => 4,
             Algorithm::LeakyBucket => 5,
             Algorithm::Gcra => 6,
+        }
+    }
+
+    /// The largest [`Algorithm::id`].
+    pub const MAX_ID: u8 = {
+        let mut max = 0;
+        let mut i = 0;
+        while i < Self::ALL.len() {
+            if Self::ALL[i].id() > max {
+                max = Self::ALL[i].id();
+            }
+            i += 1;
+        }
+        max
+    };
+
+    /// The names of the algorithms with a property, for messages: "a, b and c".
+    pub fn names_where(property: fn(Algorithm) -> bool) -> String {
+        let names: Vec<&str> = Self::ALL
+            .into_iter()
+            .filter(|&a| property(a))
+            .map(Algorithm::name)
+            .collect();
+        match names.split_last() {
+            None => String::new(),
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
         }
     }
 }
@@ -111,7 +201,10 @@ pub enum LimitError {
     ZeroPeriod,
     #[error("burst must be at least 1")]
     ZeroBurst,
-    #[error("burst applies only to token_bucket, leaky_bucket and gcra, not to {0}")]
+    #[error(
+        "burst applies only to {names}, not to {0}",
+        names = Algorithm::names_where(Algorithm::has_burst)
+    )]
     BurstNotApplicable(Algorithm),
     #[error(
         "sliding_log keeps one entry per request and allows at most {SLIDING_LOG_MAX} requests per unit; use sliding_window for larger limits"
@@ -122,7 +215,8 @@ pub enum LimitError {
     )]
     OutOfRange { requests: u64, period_s: u64 },
     #[error(
-        "overdraft applies to fixed_window, token_bucket, leaky_bucket and gcra, not to {0} (it cannot count past its limit exactly)"
+        "overdraft applies to {names}, not to {0} (it cannot count past its limit exactly)",
+        names = Algorithm::names_where(Algorithm::counts_past_limit)
     )]
     OverdraftNotApplicable(Algorithm),
     #[error(
@@ -203,15 +297,13 @@ impl Limit {
     /// This limit as a cost limit; only where usage past the limit can be kept exactly (a fixed
     /// window's count, a bucket's level).
     pub fn with_overdraft(self) -> Result<Self, LimitError> {
-        match self.algorithm {
-            Algorithm::SlidingWindow | Algorithm::SlidingLog => {
-                Err(LimitError::OverdraftNotApplicable(self.algorithm))
-            }
-            _ => Ok(Self {
-                overdraft: true,
-                ..self
-            }),
+        if !self.algorithm.counts_past_limit() {
+            return Err(LimitError::OverdraftNotApplicable(self.algorithm));
         }
+        Ok(Self {
+            overdraft: true,
+            ..self
+        })
     }
 
     /// The most usage an overdraft limit records (0: not an overdraft limit): a count, or a

@@ -391,3 +391,35 @@ fn an_overdraft_limit_records_hostile_hits_up_to_its_cap() {
         Err(LimitError::OverdraftNotApplicable(Algorithm::SlidingWindow))
     );
 }
+
+/// Step 1 of the checklist for adding an algorithm (module docs): `Algorithm::ALL` lists it, and
+/// its name and id are its own.
+#[test]
+fn all_lists_every_id() {
+    let mut ids: Vec<u8> = Algorithm::ALL.iter().map(|a| a.id()).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (1..=Algorithm::MAX_ID).collect::<Vec<_>>(),
+        "Algorithm::ALL must list every algorithm once, with ids 1, 2, 3, ..."
+    );
+    for a in Algorithm::ALL {
+        assert_eq!(Algorithm::parse(a.name()), Some(a), "{a}");
+    }
+}
+
+#[test]
+fn messages_list_the_algorithms_with_the_property() {
+    assert_eq!(
+        LimitError::BurstNotApplicable(Algorithm::FixedWindow).to_string(),
+        "burst applies only to token_bucket, leaky_bucket and gcra, not to fixed_window"
+    );
+    assert_eq!(
+        Algorithm::names_where(Algorithm::leasable),
+        "fixed_window and sliding_window"
+    );
+    assert_eq!(
+        LimitError::OverdraftNotApplicable(Algorithm::SlidingLog).to_string(),
+        "overdraft applies to fixed_window, token_bucket, leaky_bucket and gcra, not to sliding_log (it cannot count past its limit exactly)"
+    );
+}

@@ -544,14 +544,13 @@ impl Compiler<'_> {
         }
         let failure_mode = self.choice(here, "failure_mode", raw.failure_mode.as_deref());
         let mode = self.choice(here, "mode", raw.mode.as_deref());
-        let unsound = tiers
-            .iter()
-            .find(|t| !crate::counter::leasable(t.limit.algorithm));
+        let unsound = tiers.iter().find(|t| !t.limit.algorithm.leasable());
         if let (Some(crate::counter::Mode::Hybrid), Some(tier)) = (mode, unsound) {
             self.error(
                 &format!("{here}.mode"),
                 format!(
-                    "mode: hybrid applies only to fixed_window and sliding_window limits, not to {} (a lease held unused would let it admit more than its limit)",
+                    "mode: hybrid applies only to {} limits, not to {} (a lease held unused would let it admit more than its limit)",
+                    Algorithm::names_where(Algorithm::leasable),
                     tier.limit.algorithm
                 ),
             );

@@ -1,4 +1,4 @@
-//! The one place the store is assembled: main, the tests and the benches all call [`build`],
+//! The one place the store is assembled: the server, the tests and the benches all call [`build`],
 //! so what runs in production is what the tests prove.
 
 use std::sync::Arc;

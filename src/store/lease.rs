@@ -9,7 +9,7 @@
 //! computed from the time the request was sent, so it falls before the window's end in Redis).
 //! That holds for `fixed_window` and `sliding_window` (a hit charged early in the current
 //! window counts exactly as one charged later in it). It does not hold for the others, which
-//! stay strict under `mode: hybrid` (see `counter::leasable`):
+//! stay strict under `mode: hybrid` (see `Algorithm::leasable`):
 //! - the buckets (token_bucket, leaky_bucket, gcra) keep draining while the slice sits unused,
 //!   so Redis would hand the drained room to other nodes and the fleet could exceed the burst by
 //!   up to rate × lease lifetime; reserving that drain up front costs as much as the lease saves;
@@ -29,7 +29,6 @@ use std::time::Duration;
 use super::sharded::{SHARDS, Sharded};
 use super::{Check, CheckKind, Mode, Outcome, Store, StoreError};
 use crate::clock::Clock;
-use crate::counter::leasable;
 use crate::limiter::{Limit, Verdict};
 
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +163,7 @@ impl LeaseTable {
         c.kind == CheckKind::Enforce
             && !c.limit.overdraft
             && c.mode.unwrap_or(self.options.default_mode) == Mode::Hybrid
-            && leasable(c.limit.algorithm)
+            && c.limit.algorithm.leasable()
             && c.limit.requests > 0
     }
 

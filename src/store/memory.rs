@@ -28,7 +28,7 @@
 //!
 //! ## Forgetting empty keys
 //!
-//! Every entry carries when its state is empty again. The full sweep (`housekeeping`, which the
+//! Every entry carries when its state is empty again. The full sweep (`sweep`, which the store's upkeep
 //! server runs on a blocking thread) drops the empty keys of every shard. A store at `max_keys`
 //! also reclaims room per request, in bounded work: each shard has a clock hand that walks its
 //! buckets a few hundred at a time and drops the empty keys it passes. Each shard also knows a
@@ -75,6 +75,8 @@ enum Kind {
 
 const KIND_BITS: u32 = 2;
 const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
+// Every kind fits its bits (a fifth state shape needs a wider KIND_BITS and `Entry::kind`).
+const _: () = assert!(Kind::Log as u64 <= KIND_MASK);
 
 /// A counter: see the module's docs.
 struct Entry {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use super::sharded::{SHARDS, Sharded};
 use super::{Check, CheckKind, Outcome, Store, StoreError};
 use crate::clock::Clock;
-use crate::limiter::{Algorithm, Limit, Verdict};
+use crate::limiter::{Limit, Verdict};
 
 #[derive(Debug, Clone, Copy)]
 struct Denial {
@@ -101,7 +101,7 @@ impl Denials {
             // is the moment the request fits. (A bucket refilling under a larger request would
             // report a stale remaining.)
             // A request that can never fit waits "one period" each time it asks: no deadline.
-            let steady = c.limit.algorithm == Algorithm::FixedWindow
+            let steady = c.limit.algorithm.denial_is_steady()
                 || (c.hits == v.remaining.saturating_add(1) && c.limit.can_ever_allow(c.hits));
             let denied = denied && steady;
             let mut entries = self.entries.lock(c.key);

@@ -1,10 +1,12 @@
-//! Redis and Redis Cluster: one Lua script per request per cluster slot, all or nothing.
+//! Redis and Redis Cluster: one call of the limiter library per request per cluster slot, all
+//! or nothing.
 //!
 //! Each check's key is `prefix{tag}encoded-key`: the tag is 8 hex digits of a hash of the
 //! descriptor (domain and matched entries), so every tier of one descriptor lands in one slot
 //! and is decided by one script, and no byte of a descriptor value can move a key or make two
 //! descriptors collide (the encoded key is length-prefixed). Checks are grouped by slot; the
-//! groups run concurrently, one EVALSHA each (with a NOSCRIPT fallback). When one group denies,
+//! groups run concurrently, one FCALL each (the library loaded again when Redis lost it; EVALSHA
+//! of the same code where Redis has no Functions). When one group denies,
 //! the groups that consumed are refunded, so a denied request consumes nothing in the end; a
 //! concurrent request may see those hits for the length of one round trip (under-admission,
 //! never over-admission).
@@ -437,6 +439,12 @@ fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>) {
         .iter()
         .rposition(|&v| v != 0)
         .map_or(0, |last| last + 1);
+    const {
+        assert!(
+            Algorithm::MAX_ID < 8,
+            "batch.lua reads the algorithm from the head's low 3 bits"
+        )
+    };
     let head = u64::from(algorithm.id()) + 8 * kind + 32 * extra as u64;
     args.extend([head, check.hits, limit.requests, limit.period_us]);
     args.extend_from_slice(&optional[..extra]);
