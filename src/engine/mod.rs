@@ -15,7 +15,7 @@ pub use request::{
 
 use crate::limiter::{Algorithm, Limit, Verdict};
 use crate::rules::{Domain, KeyPart, Plan, PlanSource, Rule, RuleSet, Tier, Via};
-use crate::store::{Check, CheckKind, KeyBuf, Outcome, Store, StoreError};
+use crate::store::{Check, CheckKind, KeyBuf, Outcome, Rollback, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -157,26 +157,14 @@ impl<S: Store> Engine<S> {
     /// nothing had been consumed (as a denied batch reports). A refund the backend cannot take
     /// is logged: the counters then hold this request's hits until their window ends.
     async fn give_back(&self, checks: &[Check<'_>], outcome: &mut Outcome) {
-        let consumed: Vec<usize> = (0..checks.len())
-            .filter(|&i| {
-                !checks[i].always_applied() && checks[i].hits > 0 && outcome.verdicts[i].allowed
-            })
-            .collect();
-        let refunds: Vec<Check<'_>> = consumed
-            .iter()
-            .map(|&i| Check {
-                kind: CheckKind::Refund,
-                ..checks[i]
-            })
-            .collect();
+        let rollback = Rollback::of(checks, &outcome.verdicts, 0..checks.len());
+        let refunds: Vec<Check<'_>> = rollback.refunds(checks).collect();
         if !refunds.is_empty()
             && let Err(e) = self.store.apply(&refunds).await
         {
             tracing::warn!(error = %e, "could not give back the hits of a request every quota descriptor denied");
         }
-        for i in consumed {
-            outcome.verdicts[i] = outcome.verdicts[i].unconsumed(checks[i].hits);
-        }
+        rollback.report(checks, &mut outcome.verdicts);
         outcome.allowed = false;
     }
 }

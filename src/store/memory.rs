@@ -28,8 +28,8 @@
 //!
 //! ## Forgetting empty keys
 //!
-//! Every entry carries when its state is empty again. The full sweep (`sweep`, which the store's upkeep
-//! server runs on a blocking thread) drops the empty keys of every shard. A store at `max_keys`
+//! Every entry carries when its state is empty again. The full sweep (`sweep`, which the store's
+//! upkeep runs on a blocking thread) drops the empty keys of every shard. A store at `max_keys`
 //! also reclaims room per request, in bounded work: each shard has a clock hand that walks its
 //! buckets a few hundred at a time and drops the empty keys it passes. Each shard also knows a
 //! time before which none of its keys empties (exact after a sweep or a full lap of the hand,

@@ -88,6 +88,25 @@ impl<'a> Check<'a> {
         self.kind == CheckKind::Refund || crate::limiter::charges_always(self.limit, self.hits)
     }
 
+    /// The refund that gives back what this check consumed.
+    pub fn undo(&self) -> Self {
+        Self {
+            kind: CheckKind::Refund,
+            ..*self
+        }
+    }
+
+    /// This check sent again, after a call that already applied it: what stands for good there
+    /// (a refund, a cost limit's charge) is only looked at now (0 hits), so it reports the
+    /// counter's state without applying twice.
+    pub fn again(&self) -> Self {
+        if self.always_applied() {
+            Self { hits: 0, ..*self }
+        } else {
+            *self
+        }
+    }
+
     /// An enforced check of `hits` on `key` (the key is its own slot tag), with the rule's
     /// defaults: no failure mode, no mode.
     pub fn enforce(key: &'a [u8], limit: &'a Limit, hits: u64) -> Self {
@@ -100,6 +119,54 @@ impl<'a> Check<'a> {
             on_failure: None,
             mode: None,
             until_us: 0,
+        }
+    }
+}
+
+/// What an allowed batch consumed and must give back because the request is denied after all
+/// (another Redis Cluster slot's group denied, or every quota descriptor is over): the checks
+/// that consumed hits, the refunds that undo them, and their verdicts as a denied batch reports
+/// them. A refund or a cost limit's charge stands whatever the batch does, so it is not undone.
+pub struct Rollback(Vec<usize>);
+
+impl Rollback {
+    /// The checks among `members` that consumed.
+    pub fn of(
+        checks: &[Check<'_>],
+        verdicts: &[Verdict],
+        members: impl IntoIterator<Item = usize>,
+    ) -> Self {
+        Self(
+            members
+                .into_iter()
+                .filter(|&i| {
+                    !checks[i].always_applied() && checks[i].hits > 0 && verdicts[i].allowed
+                })
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The indices of the checks it undoes.
+    pub fn indices(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The refunds that undo them, in [`Rollback::indices`]' order.
+    pub fn refunds<'a, 'c>(
+        &'a self,
+        checks: &'a [Check<'c>],
+    ) -> impl Iterator<Item = Check<'c>> + 'a {
+        self.0.iter().map(|&i| checks[i].undo())
+    }
+
+    /// Reports each undone check as if it had not consumed, as a denied batch reports it.
+    pub fn report(&self, checks: &[Check<'_>], verdicts: &mut [Verdict]) {
+        for &i in &self.0 {
+            verdicts[i] = verdicts[i].unconsumed(checks[i].hits);
         }
     }
 }

@@ -28,7 +28,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::{Check, CheckKind, Outcome, Store, StoreError};
+use super::{Check, CheckKind, Outcome, Rollback, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{Algorithm, Verdict};
 
@@ -366,16 +366,15 @@ impl RedisStore {
         checks: &[Check<'_>],
         indices: &[usize],
         now: &str,
-        refund_all: bool,
     ) -> Result<GroupReply, StoreError> {
         let mut call_keys: Vec<&[u8]> = Vec::with_capacity(indices.len());
         let mut args: Vec<u64> = Vec::with_capacity(8 * indices.len());
         for &i in indices {
             let c = &checks[i];
-            let kind = match (refund_all, c.kind) {
-                (true, _) | (false, CheckKind::Refund) => 3,
-                (false, CheckKind::Enforce) => 1,
-                (false, CheckKind::Shadow) => 2,
+            let kind = match c.kind {
+                CheckKind::Enforce => 1,
+                CheckKind::Shadow => 2,
+                CheckKind::Refund => 3,
             };
             call_keys.push(&keys[i]);
             push_check(&mut args, kind, c);
@@ -516,7 +515,7 @@ impl Store for RedisStore {
         let results = futures_util::future::join_all(
             groups
                 .iter()
-                .map(|(_, members)| self.run_group(&keys, checks, members, &now, false)),
+                .map(|(_, members)| self.run_group(&keys, checks, members, &now)),
         )
         .await;
 
@@ -544,48 +543,36 @@ impl Store for RedisStore {
             // Give back what the allowed groups consumed, then look again at the group's own
             // refunds (a zero refund reports the state), so they report the final state.
             for members in consumed_groups {
-                let consumed: Vec<usize> = members
-                    .iter()
-                    .copied()
-                    // A refund or a cost limit's charge stands whatever the batch does.
-                    .filter(|&i| !checks[i].always_applied() && verdicts[i].allowed)
-                    .collect();
-                if consumed.is_empty() {
+                let rollback = Rollback::of(checks, &verdicts, members.iter().copied());
+                if rollback.is_empty() {
                     continue;
                 }
-                let refunds = members
+                let refunds: Vec<usize> = members
                     .iter()
                     .copied()
-                    .filter(|&i| checks[i].kind == CheckKind::Refund);
-                let rollback: Vec<Check<'_>> = consumed
-                    .iter()
-                    .map(|&i| checks[i])
-                    .chain(refunds.clone().map(|i| Check {
-                        hits: 0,
-                        ..checks[i]
-                    }))
+                    .filter(|&i| checks[i].kind == CheckKind::Refund)
                     .collect();
-                let rollback_keys: Vec<Vec<u8>> = consumed
-                    .iter()
-                    .copied()
-                    .chain(refunds.clone())
-                    .map(|i| keys[i].clone())
+                let undone = rollback.indices().len();
+                let sent: Vec<Check<'_>> = rollback
+                    .refunds(checks)
+                    .chain(refunds.iter().map(|&i| checks[i].again()))
                     .collect();
-                let all: Vec<usize> = (0..rollback.len()).collect();
-                match self
-                    .run_group(&rollback_keys, &rollback, &all, &now, true)
-                    .await
-                {
+                let sent_keys: Vec<Vec<u8>> = rollback
+                    .indices()
+                    .iter()
+                    .chain(&refunds)
+                    .map(|&i| keys[i].clone())
+                    .collect();
+                let all: Vec<usize> = (0..sent.len()).collect();
+                match self.run_group(&sent_keys, &sent, &all, &now).await {
                     Ok(reply) => {
-                        for (i, v) in refunds.zip(&reply.verdicts[consumed.len()..]) {
+                        for (&i, v) in refunds.iter().zip(&reply.verdicts[undone..]) {
                             verdicts[i] = *v;
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "could not refund a rolled-back group"),
                 }
-                for i in consumed {
-                    verdicts[i] = verdicts[i].unconsumed(checks[i].hits);
-                }
+                rollback.report(checks, &mut verdicts);
             }
         }
         if let Some(e) = failure {

@@ -1,59 +1,14 @@
-//! Quota leases (`mode: hybrid`): a node takes a slice of a counter's remaining quota from the
-//! shared store, charged there up front in the same script call as the request that needed it,
-//! and then admits requests from the slice locally, with no backend call, until it is spent, it
-//! expires (`ttl`) or its window ends. An unused slice goes back (a refund) when it expires or
-//! the node stops, and the refund is applied only while the window it came from lasts.
-//!
-//! Why it never over-admits: every leased hit is in the shared counter before this node admits
-//! it, and it is admitted within the window it was charged to (the lease's local deadline is
-//! computed from the time the request was sent, so it falls before the window's end in Redis).
-//! That holds for `fixed_window` and `sliding_window` (a hit charged early in the current
-//! window counts exactly as one charged later in it). It does not hold for the others, which
-//! stay strict under `mode: hybrid` (see `Algorithm::leasable`):
-//! - the buckets (token_bucket, leaky_bucket, gcra) keep draining while the slice sits unused,
-//!   so Redis would hand the drained room to other nodes and the fleet could exceed the burst by
-//!   up to rate × lease lifetime; reserving that drain up front costs as much as the lease saves;
-//! - sliding_log stamps hits with the time they were charged, so early charges expire early.
-//!
-//! The price is under-admission: hits in other nodes' leases. A lease is sized from this node's
-//! own recent rate for the counter (`target` of its traffic; up to its `ttl` of traffic while
-//! that is under 1/64 of what remains), at most double the last one, and never more than a
-//! quarter of what remains, so near the limit a node falls back to one backend call per request.
-//!
-//! [`LeaseTable`] is the bookkeeping (sharded, so threads do not queue on one lock);
-//! [`Leases`] is the store layer that uses it.
+//! The lease table: what each counter's lease holds, how big the next one is, and what goes
+//! back. No I/O: the layer calls the backend and tells the table what it answered.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sharded::{SHARDS, Sharded};
-use super::{Check, CheckKind, Mode, Outcome, Store, StoreError};
+use super::LeaseOptions;
 use crate::clock::Clock;
 use crate::limiter::{Limit, Verdict};
-
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseOptions {
-    /// The mode of rules that set none.
-    pub default_mode: Mode,
-    /// A lease is used for at most this long; then its leftover goes back.
-    pub ttl: Duration,
-    /// A lease covers about this much of the node's recent traffic for its counter.
-    pub target: Duration,
-    /// Counters with lease state at most (rounded up to a whole number per shard); beyond it
-    /// new counters are strict.
-    pub max_entries: usize,
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        Self {
-            default_mode: Mode::Strict,
-            ttl: Duration::from_secs(2),
-            target: Duration::from_millis(100),
-            max_entries: 100_000,
-        }
-    }
-}
+use crate::store::sharded::{SHARDS, Sharded};
+use crate::store::{Check, CheckKind, Mode, Outcome};
 
 /// A lease never takes more than 1/SHARE_DIVISOR of what the backend has left.
 const SHARE_DIVISOR: u64 = 4;
@@ -99,30 +54,22 @@ impl Lease {
     }
 }
 
-/// One counter's part in a backend call: extra hits asked for a lease, and the old lease's
-/// leftover, given back in the same call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Ask {
-    pub extra: u64,
-    /// Hits to refund, with the limit they were taken under and the window guard.
-    pub give_back: Option<(u64, Limit, u64)>,
-}
-
-/// Leftover hits to give back to the backend.
-#[derive(Debug, Clone)]
-pub struct Returned {
-    pub key: Box<[u8]>,
-    pub tag: Box<[u8]>,
-    pub limit: Limit,
+/// A lease's unused hits, to give back to the window they were charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leftover {
     pub hits: u64,
+    /// The limit they were taken under.
+    pub limit: Limit,
+    /// The refund's guard: the end of their window on the backend's clock.
     pub until_us: u64,
 }
 
-impl Returned {
-    pub fn check(&self) -> Check<'_> {
+impl Leftover {
+    /// The refund of these hits to `key`'s counter (slot `tag`).
+    pub fn refund<'a>(&'a self, key: &'a [u8], tag: &'a [u8]) -> Check<'a> {
         Check {
-            key: &self.key,
-            tag: &self.tag,
+            key,
+            tag,
             limit: &self.limit,
             hits: self.hits,
             kind: CheckKind::Refund,
@@ -130,6 +77,28 @@ impl Returned {
             mode: None,
             until_us: self.until_us,
         }
+    }
+}
+
+/// One counter's part in a backend call: extra hits asked for a lease, and the old lease's
+/// leftover, given back in the same call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ask {
+    pub extra: u64,
+    pub give_back: Option<Leftover>,
+}
+
+/// A leftover of a lease that ran out, with the counter it goes back to.
+#[derive(Debug, Clone)]
+pub struct Returned {
+    pub key: Box<[u8]>,
+    pub tag: Box<[u8]>,
+    pub leftover: Leftover,
+}
+
+impl Returned {
+    pub fn check(&self) -> Check<'_> {
+        self.leftover.refund(&self.key, &self.tag)
     }
 }
 
@@ -222,9 +191,11 @@ impl LeaseTable {
                 let Some(l) = entries.get_mut(c.key) else {
                     return Ask::default();
                 };
-                let give_back = l
-                    .leftover_to_give(now)
-                    .map(|hits| (hits, l.limit, l.window_end_us));
+                let give_back = l.leftover_to_give(now).map(|hits| Leftover {
+                    hits,
+                    limit: l.limit,
+                    until_us: l.window_end_us,
+                });
                 l.left = 0;
                 if l.limit != *c.limit {
                     // The rules changed: the old lease goes back and no rate is known yet.
@@ -398,9 +369,11 @@ impl LeaseTable {
                         out.push(Returned {
                             key: key.clone(),
                             tag: l.tag.clone(),
-                            limit: l.limit,
-                            hits,
-                            until_us: l.window_end_us,
+                            leftover: Leftover {
+                                hits,
+                                limit: l.limit,
+                                until_us: l.window_end_us,
+                            },
                         });
                     }
                     l.left = 0;
@@ -418,212 +391,6 @@ impl LeaseTable {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// The layer: hybrid checks are decided from leases when they hold enough, else by one call to
-/// the inner store that also takes new leases (and gives the old leftovers back). Strict
-/// batches pass straight through. A backend failure is returned as it is: the failure policy
-/// outside decides the request's own checks.
-pub struct Leases<S> {
-    /// Shared with [`GiveBack`], which refunds leftovers through it.
-    inner: Arc<S>,
-    table: Arc<LeaseTable>,
-}
-
-/// The checks of `checks` on the counter of check `i` (same key and limit), `i` excluded.
-fn same_counter<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
-    let (key, limit) = (checks[i].key, checks[i].limit);
-    (0..checks.len()).filter(move |&j| j != i && checks[j].key == key && checks[j].limit == limit)
-}
-
-/// The request's refunds of check `i`'s counter.
-fn refunds_of<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
-    same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund)
-}
-
-/// The hits the request itself gives back to check `i`'s counter (as sent by the caller, before
-/// any lease was absorbed into them).
-fn own_refunds(original: &[Check<'_>], i: usize) -> u64 {
-    refunds_of(original, i).fold(0u64, |sum, r| sum.saturating_add(original[r].hits))
-}
-
-impl<S: Store> Leases<S> {
-    pub fn new(inner: S, table: LeaseTable) -> Self {
-        Self {
-            inner: Arc::new(inner),
-            table: Arc::new(table),
-        }
-    }
-
-    /// What gives this layer's leftovers back, for the upkeep.
-    pub fn give_back(&self) -> GiveBack<S> {
-        GiveBack {
-            inner: self.inner.clone(),
-            table: self.table.clone(),
-        }
-    }
-
-    async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
-        let leases = &self.table;
-        let original = checks;
-        let absorbed = leases.absorb_into_refunds(original);
-        let checks = absorbed.as_deref().unwrap_or(original);
-        let now = leases.now();
-        if let Some(verdicts) = leases.decide_locally(checks, now) {
-            return Ok(Outcome {
-                allowed: true,
-                verdicts,
-                by_policy: false,
-                backend_now_us: Vec::new(),
-            });
-        }
-        let asks = leases.plan(checks, now);
-        let mut sent: Vec<Check<'_>> = checks
-            .iter()
-            .zip(&asks)
-            .map(|(c, a)| Check {
-                hits: c.hits.saturating_add(a.extra),
-                ..*c
-            })
-            .collect();
-        // The old leases' leftovers go back in the same call (their limit is the old one).
-        let mut given_back = Vec::new();
-        for (i, (c, a)) in checks.iter().zip(&asks).enumerate() {
-            if let Some((hits, limit, until_us)) = a.give_back.as_ref() {
-                given_back.push((i, sent.len()));
-                sent.push(Check {
-                    hits: *hits,
-                    limit,
-                    kind: CheckKind::Refund,
-                    until_us: *until_us,
-                    ..*c
-                });
-            }
-        }
-        let mut outcome = self.inner.apply(&sent).await?;
-        // Refunds are applied last: a given-back leftover's verdict is the counter's final
-        // state (unless the limit changed: the leftover went back to the old limit), which the
-        // request's refunds of that counter report too. Its own check reports that state
-        // before the request's refunds, as every store reports a batch.
-        for &(i, k) in &given_back {
-            if sent[k].limit == checks[i].limit {
-                let final_remaining = outcome.verdicts[k].remaining;
-                for r in refunds_of(checks, i) {
-                    outcome.verdicts[r].remaining = final_remaining;
-                }
-                outcome.verdicts[i].remaining =
-                    final_remaining.saturating_add(own_refunds(original, i));
-            }
-        }
-        let asked = asks.iter().any(|a| a.extra > 0);
-        if outcome.allowed || !asked {
-            let mut verdicts = leases.learn(checks, &asks, &outcome, now);
-            // After `learn`: a refund's verdict is the counter's final state, later than the
-            // charge's.
-            leases.learn_refunds(checks, &outcome);
-            // A refund of a counter the request also charges: the lease it absorbed was held,
-            // not admitted, so the charge reports without it; the refund reports the final
-            // state with the new lease (this node's hits) counted, as every status counts one.
-            for r in (0..checks.len()).filter(|&r| checks[r].kind == CheckKind::Refund) {
-                let taken = checks[r].hits.saturating_sub(original[r].hits);
-                for i in same_counter(checks, r).filter(|&i| checks[i].kind != CheckKind::Refund) {
-                    verdicts[i].remaining = verdicts[i].remaining.saturating_add(taken);
-                    if outcome.allowed {
-                        verdicts[r].remaining = verdicts[r].remaining.saturating_add(asks[i].extra);
-                    }
-                }
-            }
-            let mut backend_now_us = outcome.backend_now_us;
-            backend_now_us.truncate(checks.len());
-            return Ok(Outcome {
-                allowed: outcome.allowed,
-                verdicts,
-                by_policy: outcome.by_policy,
-                backend_now_us,
-            });
-        }
-        leases.learn_refunds(checks, &outcome);
-        // The leases did not fit: the request alone, exactly. Every refund (the request's own
-        // and the old leases') and every cost limit's charge was applied by the first call: now
-        // they only look, and a charge reports what the first call decided.
-        let first = outcome;
-        let alone: Vec<Check<'_>> = checks
-            .iter()
-            .map(|c| {
-                if c.always_applied() {
-                    Check { hits: 0, ..*c }
-                } else {
-                    *c
-                }
-            })
-            .collect();
-        let outcome = self.inner.apply(&alone).await?;
-        let mut verdicts = leases.learn(checks, &[], &outcome, now);
-        for (i, c) in checks.iter().enumerate() {
-            if c.kind == CheckKind::Refund {
-                continue;
-            }
-            if c.always_applied() {
-                verdicts[i] = first.verdicts[i];
-                continue;
-            }
-            // This call saw the request's own refunds of the counter already applied; a batch
-            // reports its checks before its refunds.
-            verdicts[i].remaining = verdicts[i]
-                .remaining
-                .saturating_sub(own_refunds(original, i));
-        }
-        Ok(Outcome {
-            verdicts,
-            ..outcome
-        })
-    }
-}
-
-impl<S: Store> Store for Leases<S> {
-    async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
-        if checks.iter().any(|c| self.table.is_hybrid(c)) {
-            return self.apply_hybrid(checks).await;
-        }
-        let absorbed = self.table.absorb_into_refunds(checks);
-        let checks = absorbed.as_deref().unwrap_or(checks);
-        let outcome = self.inner.apply(checks).await?;
-        self.table.learn_refunds(checks, &outcome);
-        Ok(outcome)
-    }
-}
-
-/// Gives the leftovers of leases that ran out back to the backend; the upkeep runs it a few
-/// times per lease lifetime, and once for every lease when the node stops.
-pub struct GiveBack<S> {
-    inner: Arc<S>,
-    table: Arc<LeaseTable>,
-}
-
-impl<S: Store> GiveBack<S> {
-    /// Gives back the leftovers of leases that ran out (all of them when the node stops).
-    pub async fn run(&self, all: bool) {
-        let returned = self.table.take_leftovers(all);
-        if returned.is_empty() {
-            return;
-        }
-        let checks: Vec<Check<'_>> = returned.iter().map(Returned::check).collect();
-        if let Err(e) = self.inner.apply(&checks).await {
-            // They stay counted until their window ends: under-admission, never more.
-            tracing::debug!(error = %e, leases = checks.len(), "could not give leases back");
-        }
-    }
-
-    /// How often [`GiveBack::run`] should run: a few times per lease lifetime, so leftovers go
-    /// back soon after they run out.
-    pub fn every(&self) -> Duration {
-        self.table.options().ttl / 4
-    }
-
-    /// Hits held in leases now.
-    pub fn held(&self) -> u64 {
-        self.table.held()
     }
 }
 
@@ -765,7 +532,7 @@ mod tests {
         let asks = t.plan(&[c], clock.now_micros() + 1_000);
         assert_eq!(asks[0].extra, 0, "strict near the limit");
         assert_eq!(
-            asks[0].give_back.map(|g| g.0),
+            asks[0].give_back.map(|g| g.hits),
             Some(2),
             "the old lease goes back"
         );
@@ -794,11 +561,11 @@ mod tests {
         let back = t.take_leftovers(false);
         assert_eq!(back.len(), 1);
         assert_eq!(
-            back[0].until_us,
+            back[0].leftover.until_us,
             201 * S,
             "refund only into the window it came from"
         );
-        assert_eq!(back[0].hits, asks[0].extra - 1);
+        assert_eq!(back[0].leftover.hits, asks[0].extra - 1);
         assert!(t.take_leftovers(true).is_empty(), "taken once");
     }
 
@@ -855,7 +622,7 @@ mod tests {
         );
         let asks = t.plan(&[check(&new)], clock.now_micros());
         assert_eq!(asks[0].extra, 0);
-        assert_eq!(asks[0].give_back.map(|g| g.1), Some(old));
+        assert_eq!(asks[0].give_back.map(|g| g.limit), Some(old));
     }
 
     #[test]
