@@ -353,6 +353,52 @@ async fn as_ratelimit_it_serves_from_the_references_environment() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A reference variable fills a setting only where neither the command line nor the setting's
+/// `SLUICE_*` variable gave it: GRPC_PORT loses to SLUICE_GRPC_ADDR, PORT to `--http-addr`, and
+/// SHADOW_MODE (given by nothing else) holds.
+#[tokio::test]
+async fn as_ratelimit_its_own_settings_win_over_the_references() {
+    let dir = common::temp_dir("as-reference-precedence");
+    let (http, grpc, unused) = (
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    );
+    let mut child = as_reference(&dir)
+        .args(["serve", "--http-addr", &format!("127.0.0.1:{http}")])
+        .env("PORT", unused.to_string())
+        .env("GRPC_PORT", unused.to_string())
+        .env("SLUICE_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+        .env("RUNTIME_ROOT", concat!(env!("CARGO_MANIFEST_DIR"), "/"))
+        .env("SHADOW_MODE", "true")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_healthy(http_addr).await;
+    let mut client =
+        sluice::proto::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .unwrap();
+    // config/edge.yaml allows 5 a second here; shadow mode answers OK past it.
+    for _ in 0..7 {
+        let search = common::descriptor(&[("api_key", "abc"), ("path", "/v1/search/x")]);
+        let r = client
+            .should_rate_limit(common::request("edge", vec![search]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, sluice::proto::Code::Ok as i32);
+    }
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", unused)).is_err(),
+        "nothing listens on the reference's ports"
+    );
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn as_ratelimit_it_refuses_what_it_cannot_do_by_name() {
     let dir = common::temp_dir("as-reference-refused");

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::rules::{LoadOptions, load_path_with};
-pub use serve::{ServeArgs, runtime};
+pub use serve::{Backend, ServeArgs, runtime};
 
 #[derive(Parser)]
 #[command(
@@ -35,7 +35,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -44,8 +44,6 @@ pub enum LogFormat {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve ShouldRateLimit on --grpc-addr and /healthcheck, /json on --http-addr.
-    // A flag given twice takes its last value: the reference's settings come first (see
-    // command_line), the command line's own after them.
     #[command(args_override_self = true)]
     Serve(Box<ServeArgs>),
     #[command(flatten)]
@@ -82,39 +80,65 @@ pub enum Tool {
     },
 }
 
-/// The command line as given, with the reference's environment when sluice runs in its place;
-/// a clap error (or `--help`) ends the process as clap does.
+/// The command line as given, with the reference's environment when sluice runs in its place
+/// (invoked as `ratelimit`, the image's `/bin/ratelimit` as Envoy Gateway starts it, with no
+/// arguments meaning `serve`; or with `SLUICE_REFERENCE_ENV=true`). A clap error (or `--help`)
+/// ends the process as clap does.
 pub fn parse() -> Result<(Cli, reference_env::Translation), String> {
-    let (args, reference) = command_line()?;
-    Ok((Cli::parse_from(args), reference))
-}
-
-/// The command line, with the reference service's environment read in when sluice runs in its
-/// place: invoked as `ratelimit` (the image's `/bin/ratelimit`, as Envoy Gateway starts it; with
-/// no arguments that means `serve`) or with `SLUICE_REFERENCE_ENV=true`.
-fn command_line() -> Result<(Vec<std::ffi::OsString>, reference_env::Translation), String> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let as_reference = args
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .is_some_and(|n| n == "ratelimit");
     let asked = std::env::var("SLUICE_REFERENCE_ENV").is_ok_and(|v| v == "true" || v == "1");
-    if !as_reference && !asked {
-        return Ok((args, Default::default()));
-    }
     if as_reference && args.len() == 1 {
         args.push("serve".into());
     }
-    let mut t = reference_env::translate(|k| std::env::var(k).ok())
-        .map_err(|e| format!("sluice (as the reference service): {e}"))?;
-    // Only `serve` takes them; after the subcommand, before the command line's own flags (a
-    // repeated flag's last value wins, so those still override).
-    if let Some(at) = args.iter().position(|a| a == "serve") {
-        let tail = args.split_off(at + 1);
-        args.extend(std::mem::take(&mut t.flags).into_iter().map(Into::into));
-        args.extend(tail);
+    let mut reference = if as_reference || asked {
+        reference_env::translate(|k| std::env::var(k).ok())
+            .map_err(|e| format!("sluice (as the reference service): {e}"))?
+    } else {
+        reference_env::Translation::default()
+    };
+    let matches = Cli::command().get_matches_from(args);
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.take(&matches, std::mem::take(&mut reference.settings));
+    Ok((cli, reference))
+}
+
+impl Cli {
+    /// Fills in the reference's settings where the command line and the `SLUICE_*` variables
+    /// left an argument at its default. Only `serve` takes them.
+    fn take(&mut self, matches: &clap::ArgMatches, settings: Vec<reference_env::Setting>) {
+        use clap::parser::ValueSource;
+        let given = |m: &clap::ArgMatches, id: &str| {
+            matches!(
+                m.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        let Command::Serve(args) = &mut self.command else {
+            return;
+        };
+        let Some(serve) = matches.subcommand_matches("serve") else {
+            return;
+        };
+        for setting in settings {
+            let Some(global) = args.take(setting, |id| given(serve, id)) else {
+                continue;
+            };
+            let given = |id: &str| given(matches, id) || given(serve, id);
+            match global {
+                reference_env::Setting::MergeDomains if !given("merge_domains") => {
+                    self.merge_domains = true;
+                }
+                reference_env::Setting::LogFormat(format) if !given("log_format") => {
+                    self.log_format = format;
+                }
+                _ => {}
+            }
+        }
     }
-    Ok((args, t))
 }
 
 impl Tool {
@@ -228,5 +252,95 @@ fn explain(
             eprintln!("sluice: --descriptor {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::reference_env::Setting::{self, *};
+    use super::*;
+
+    /// One of each setting, each different from its argument's default.
+    fn every_setting() -> Vec<Setting> {
+        let addr = |a: &str| a.parse().unwrap();
+        vec![
+            GrpcAddr(addr("127.0.0.1:1")),
+            HttpAddr(addr("127.0.0.1:2")),
+            GrpcTlsCert("c".into()),
+            GrpcTlsKey("k".into()),
+            GrpcTlsClientCa("ca".into()),
+            GrpcTlsClientSan("san".into()),
+            XdsServer("xds:1".into()),
+            XdsNodeId("node".into()),
+            XdsNodeMetadata("a=b".into()),
+            XdsHeaders("h=v".into()),
+            XdsRetryInitial(Duration::from_secs(7)),
+            XdsTlsCa("xca".into()),
+            XdsTlsCert("xc".into()),
+            XdsTlsKey("xk".into()),
+            XdsTlsServerName("name".into()),
+            XdsStartWithoutRules,
+            Config("rules".into()),
+            Setting::Backend(super::Backend::RedisCluster),
+            RedisUrl("redis://r:1".into()),
+            RedisConnectTimeout(Duration::from_secs(3)),
+            RedisKeyPrefix("p:".into()),
+            ShadowMode,
+            QuotaMode,
+            ResponseDynamicMetadata,
+            MergeDomains,
+            NearLimitRatio(0.5),
+            ResponseHeaders("ratelimit".into()),
+            RatelimitHeaderNames("A,B,C".into()),
+            ReferenceMetricsAddr(addr("127.0.0.1:3")),
+            ReferenceMetricsPath("/m".into()),
+            Setting::LogFormat(super::LogFormat::Json),
+        ]
+    }
+
+    fn serve_with(args: &[&str], settings: Vec<Setting>) -> Cli {
+        let matches = Cli::command().get_matches_from(args);
+        let mut cli = Cli::from_arg_matches(&matches).unwrap();
+        cli.take(&matches, settings);
+        cli
+    }
+
+    /// Every setting reaches its argument: the `Debug` of the arguments changes with each one
+    /// alone (a setting that filled nothing, or the wrong field twice, would not).
+    #[test]
+    fn every_setting_fills_its_argument_when_nothing_gave_it() {
+        let render = |cli: &Cli| match &cli.command {
+            Command::Serve(args) => format!("{args:?} {:?} {}", cli.log_format, cli.merge_domains),
+            Command::Tool(_) => String::new(),
+        };
+        let default = render(&serve_with(&["sluice", "serve"], Vec::new()));
+        let mut seen = std::collections::HashSet::new();
+        for setting in every_setting() {
+            let filled = render(&serve_with(&["sluice", "serve"], vec![setting.clone()]));
+            assert_ne!(filled, default, "{setting:?} filled nothing");
+            assert!(seen.insert(filled), "{setting:?} filled what another did");
+        }
+    }
+
+    #[test]
+    fn the_command_line_wins_over_a_setting() {
+        let cli = serve_with(
+            &[
+                "sluice",
+                "--merge-domains",
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:9",
+            ],
+            vec![GrpcAddr("127.0.0.1:1".parse().unwrap()), QuotaMode],
+        );
+        let Command::Serve(args) = &cli.command else {
+            panic!("serve")
+        };
+        let rendered = format!("{args:?}");
+        assert!(rendered.contains("grpc_addr: 127.0.0.1:9"), "{rendered}");
+        assert!(rendered.contains("quota_mode: true"), "{rendered}");
     }
 }

@@ -1,16 +1,59 @@
 //! The Go reference service's environment variables, read when sluice runs in its place (as
 //! `ratelimit`, e.g. the image's `/bin/ratelimit`, or with `SLUICE_REFERENCE_ENV=true`).
 //!
-//! Each variable is honoured (turned into the `serve` flag that means the same), ignored because
-//! it changes nothing sluice does (listed with why), or refused when it asks for something sluice
-//! does not do, so a deployment never runs with a setting silently dropped. A `SLUICE_*`
-//! variable of the same setting wins, and a flag on the command line wins over both (the flags
-//! are passed before the command line's own).
+//! Each variable is honoured (turned into the typed [`Setting`] it means, which `cli` applies to
+//! the same arguments the flags fill), ignored because it changes nothing sluice does (listed
+//! with why), or refused when it asks for something sluice does not do, so a deployment never
+//! runs with a setting silently dropped. A `SLUICE_*` variable of the same setting wins, and a
+//! flag on the command line wins over both: a setting fills only an argument that was left at
+//! its default.
 
-/// The outcome: `serve` flags, and the variables read but not needed.
-#[derive(Debug, Default, PartialEq, Eq)]
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Backend, LogFormat};
+
+/// One `serve` (or global) argument, as the reference's environment sets it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Setting {
+    GrpcAddr(SocketAddr),
+    HttpAddr(SocketAddr),
+    GrpcTlsCert(PathBuf),
+    GrpcTlsKey(PathBuf),
+    GrpcTlsClientCa(PathBuf),
+    GrpcTlsClientSan(String),
+    XdsServer(String),
+    XdsNodeId(String),
+    XdsNodeMetadata(String),
+    XdsHeaders(String),
+    XdsRetryInitial(Duration),
+    XdsTlsCa(PathBuf),
+    XdsTlsCert(PathBuf),
+    XdsTlsKey(PathBuf),
+    XdsTlsServerName(String),
+    XdsStartWithoutRules,
+    Config(PathBuf),
+    Backend(Backend),
+    RedisUrl(String),
+    RedisConnectTimeout(Duration),
+    RedisKeyPrefix(String),
+    ShadowMode,
+    QuotaMode,
+    ResponseDynamicMetadata,
+    MergeDomains,
+    NearLimitRatio(f64),
+    ResponseHeaders(String),
+    RatelimitHeaderNames(String),
+    ReferenceMetricsAddr(SocketAddr),
+    ReferenceMetricsPath(String),
+    LogFormat(LogFormat),
+}
+
+/// The outcome: the settings, and the variables read but not needed.
+#[derive(Debug, Default, PartialEq)]
 pub struct Translation {
-    pub flags: Vec<String>,
+    pub settings: Vec<Setting>,
     /// `LOG_LEVEL`, for when `RUST_LOG` is not set.
     pub log_level: Option<String>,
     pub ignored: Vec<(String, &'static str)>,
@@ -95,16 +138,7 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             .map(|v| boolean(&v).ok_or_else(|| invalid(name, &v, "expected true or false")))
             .transpose()
     };
-    let flag = |t: &mut Translation, sluice_env: &str, flag: &str, value: Option<String>| {
-        // A SLUICE_* variable of the same setting wins: then clap reads that one.
-        if get(sluice_env).is_some() {
-            return;
-        }
-        t.flags.push(flag.to_owned());
-        if let Some(v) = value {
-            t.flags.push(v);
-        }
-    };
+    let settings = &mut t.settings;
 
     // Refused first: sluice cannot do what these ask. A value names the one refused; None
     // refuses anything but false (a switch, or a certificate path).
@@ -158,44 +192,32 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
 
     // Listeners.
     let addr = |host: &str, port: &str, default_port: &str| {
-        let host = set(host).unwrap_or_else(|| "0.0.0.0".into());
-        let port = set(port).unwrap_or_else(|| default_port.into());
-        format!("{host}:{port}")
+        let host_value = set(host).unwrap_or_else(|| "0.0.0.0".into());
+        let port_value = set(port).unwrap_or_else(|| default_port.into());
+        socket_addr(port, &format!("{host_value}:{port_value}"))
     };
     if set("GRPC_HOST").is_some() || set("GRPC_PORT").is_some() {
-        let a = addr("GRPC_HOST", "GRPC_PORT", "8081");
-        flag(&mut t, "SLUICE_GRPC_ADDR", "--grpc-addr", Some(a));
+        settings.push(Setting::GrpcAddr(addr("GRPC_HOST", "GRPC_PORT", "8081")?));
     }
     if set("HOST").is_some() || set("PORT").is_some() {
-        let a = addr("HOST", "PORT", "8080");
-        flag(&mut t, "SLUICE_HTTP_ADDR", "--http-addr", Some(a));
+        settings.push(Setting::HttpAddr(addr("HOST", "PORT", "8080")?));
     }
 
     // TLS on the gRPC listener. The reference reads the client CA from GRPC_CLIENT_TLS_CACERT;
     // Envoy Gateway sets GRPC_SERVER_TLS_CA_CERT, meaning the same (client certificates
     // verified), so either names it.
     if truthy("GRPC_SERVER_USE_TLS")? == Some(true) {
-        for (var, sluice_env, f) in [
-            (
-                "GRPC_SERVER_TLS_CERT",
-                "SLUICE_GRPC_TLS_CERT",
-                "--grpc-tls-cert",
-            ),
-            (
-                "GRPC_SERVER_TLS_KEY",
-                "SLUICE_GRPC_TLS_KEY",
-                "--grpc-tls-key",
-            ),
-        ] {
-            let path = set(var).ok_or_else(|| {
+        let path = |var: &str| {
+            set(var).map(PathBuf::from).ok_or_else(|| {
                 invalid(
                     "GRPC_SERVER_USE_TLS",
                     "true",
                     "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
                 )
-            })?;
-            flag(&mut t, sluice_env, f, Some(path));
-        }
+            })
+        };
+        settings.push(Setting::GrpcTlsCert(path("GRPC_SERVER_TLS_CERT")?));
+        settings.push(Setting::GrpcTlsKey(path("GRPC_SERVER_TLS_KEY")?));
         let ca = match (
             set("GRPC_CLIENT_TLS_CACERT"),
             set("GRPC_SERVER_TLS_CA_CERT"),
@@ -210,19 +232,9 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             (a, b) => a.or(b),
         };
         if let Some(ca) = ca {
-            flag(
-                &mut t,
-                "SLUICE_GRPC_TLS_CLIENT_CA",
-                "--grpc-tls-client-ca",
-                Some(ca),
-            );
+            settings.push(Setting::GrpcTlsClientCa(ca.into()));
             if let Some(san) = set("GRPC_CLIENT_TLS_SAN") {
-                flag(
-                    &mut t,
-                    "SLUICE_GRPC_TLS_CLIENT_SAN",
-                    "--grpc-tls-client-san",
-                    Some(san),
-                );
+                settings.push(Setting::GrpcTlsClientSan(san));
             }
         }
     }
@@ -242,7 +254,7 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
         }
     };
     if xds {
-        xds_flags(&mut t, &set, &truthy, &flag)?;
+        xds_settings(settings, &set, &truthy)?;
         for var in [
             "RUNTIME_ROOT",
             "RUNTIME_SUBDIRECTORY",
@@ -258,25 +270,21 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             "serve starts on the rules files it is given",
         ));
     }
+    let settings = &mut t.settings;
     if let Some(root) = set("RUNTIME_ROOT").filter(|_| !xds) {
-        let mut path = std::path::PathBuf::from(root);
+        let mut path = PathBuf::from(root);
         if let Some(sub) = set("RUNTIME_SUBDIRECTORY") {
             path.push(sub);
         }
         path.push(set("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
-        flag(
-            &mut t,
-            "SLUICE_CONFIG",
-            "--config",
-            Some(path.display().to_string()),
-        );
+        settings.push(Setting::Config(path));
     }
 
     // Redis.
     let redis_type = set("REDIS_TYPE").map(|v| v.to_ascii_lowercase());
     let backend = match (set("BACKEND_TYPE"), redis_type.as_deref()) {
-        (_, Some("cluster")) => Some("redis-cluster"),
-        (_, Some("single" | "sentinel")) | (Some(_), None) => Some("redis"),
+        (_, Some("cluster")) => Some(Backend::RedisCluster),
+        (_, Some("single" | "sentinel")) | (Some(_), None) => Some(Backend::Redis),
         (_, Some(other)) => {
             return Err(invalid(
                 "REDIS_TYPE",
@@ -284,10 +292,10 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
                 "expected single, cluster or sentinel",
             ));
         }
-        (None, None) => set("REDIS_URL").map(|_| "redis"),
+        (None, None) => set("REDIS_URL").map(|_| Backend::Redis),
     };
     if let Some(b) = backend {
-        flag(&mut t, "SLUICE_BACKEND", "--backend", Some(b.into()));
+        settings.push(Setting::Backend(b));
     }
     if let Some(url) = set("REDIS_URL") {
         let scheme = if truthy("REDIS_TLS")?.unwrap_or(false) {
@@ -319,74 +327,47 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        flag(&mut t, "SLUICE_REDIS_URL", "--redis-url", Some(url));
+        settings.push(Setting::RedisUrl(url));
     }
     if let Some(d) = set("REDIS_TIMEOUT") {
         // The reference's timeout is its dial timeout.
         let d = go_duration(&d)
             .ok_or_else(|| invalid("REDIS_TIMEOUT", &d, "expected a duration like 500ms or 10s"))?;
-        flag(
-            &mut t,
-            "SLUICE_REDIS_CONNECT_TIMEOUT",
-            "--redis-connect-timeout",
-            Some(d),
-        );
+        settings.push(Setting::RedisConnectTimeout(d));
     }
     if let Some(p) = set("CACHE_KEY_PREFIX") {
-        flag(
-            &mut t,
-            "SLUICE_REDIS_KEY_PREFIX",
-            "--redis-key-prefix",
-            Some(p),
-        );
+        settings.push(Setting::RedisKeyPrefix(p));
     }
 
     // Decisions and answers.
-    for (var, sluice_env, f) in [
-        ("SHADOW_MODE", "SLUICE_SHADOW_MODE", "--shadow-mode"),
-        ("QUOTA_MODE", "SLUICE_QUOTA_MODE", "--quota-mode"),
+    for (var, setting) in [
+        ("SHADOW_MODE", Setting::ShadowMode),
+        ("QUOTA_MODE", Setting::QuotaMode),
         (
             "RESPONSE_DYNAMIC_METADATA",
-            "SLUICE_RESPONSE_DYNAMIC_METADATA",
-            "--response-dynamic-metadata",
+            Setting::ResponseDynamicMetadata,
         ),
-        (
-            "MERGE_DOMAIN_CONFIG",
-            "SLUICE_MERGE_DOMAINS",
-            "--merge-domains",
-        ),
+        ("MERGE_DOMAIN_CONFIG", Setting::MergeDomains),
     ] {
         if truthy(var)? == Some(true) {
-            flag(&mut t, sluice_env, f, None);
+            settings.push(setting);
         }
     }
     if let Some(r) = set("NEAR_LIMIT_RATIO") {
-        flag(
-            &mut t,
-            "SLUICE_NEAR_LIMIT_RATIO",
-            "--near-limit-ratio",
-            Some(r),
-        );
+        let ratio = r
+            .parse::<f64>()
+            .map_err(|_| invalid("NEAR_LIMIT_RATIO", &r, "expected a number like 0.8"))?;
+        settings.push(Setting::NearLimitRatio(ratio));
     }
     if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? == Some(true) {
-        flag(
-            &mut t,
-            "SLUICE_RESPONSE_HEADERS",
-            "--response-headers",
-            Some("ratelimit".into()),
-        );
+        settings.push(Setting::ResponseHeaders("ratelimit".into()));
         let names = [
             ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
             ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
             ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
         ]
         .map(|(var, default)| set(var).unwrap_or_else(|| default.into()));
-        flag(
-            &mut t,
-            "SLUICE_RATELIMIT_HEADER_NAMES",
-            "--ratelimit-header-names",
-            Some(names.join(",")),
-        );
+        settings.push(Setting::RatelimitHeaderNames(names.join(",")));
     }
     // Prometheus: sluice's own names are always on the HTTP port; the reference's names (as
     // Envoy Gateway's statsd mapping makes them) on PROMETHEUS_ADDR, as the reference serves.
@@ -397,19 +378,12 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             Some(port) => format!("0.0.0.0:{port}"),
             None => addr,
         };
-        flag(
-            &mut t,
-            "SLUICE_REFERENCE_METRICS_ADDR",
-            "--reference-metrics-addr",
-            Some(addr),
-        );
+        settings.push(Setting::ReferenceMetricsAddr(socket_addr(
+            "PROMETHEUS_ADDR",
+            &addr,
+        )?));
         if let Some(path) = set("PROMETHEUS_PATH") {
-            flag(
-                &mut t,
-                "SLUICE_REFERENCE_METRICS_PATH",
-                "--reference-metrics-path",
-                Some(path),
-            );
+            settings.push(Setting::ReferenceMetricsPath(path));
         }
     }
     if let Some(level) = set("LOG_LEVEL") {
@@ -430,12 +404,7 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     }
     if let Some(format) = set("LOG_FORMAT") {
         match format.to_ascii_lowercase().as_str() {
-            "json" => flag(
-                &mut t,
-                "SLUICE_LOG_FORMAT",
-                "--log-format",
-                Some("json".into()),
-            ),
+            "json" => t.settings.push(Setting::LogFormat(LogFormat::Json)),
             "text" => {}
             _ => return Err(invalid("LOG_FORMAT", &format, "expected text or json")),
         }
@@ -448,33 +417,22 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
     Ok(t)
 }
 
-/// The xDS client's flags from the reference's CONFIG_GRPC_XDS_* variables (its defaults when
-/// unset: server `localhost:18000`, node id `default`).
-fn xds_flags(
-    t: &mut Translation,
+/// The xDS client's settings from the reference's CONFIG_GRPC_XDS_* variables (its defaults
+/// when unset: server `localhost:18000`, node id `default`).
+fn xds_settings(
+    settings: &mut Vec<Setting>,
     set: &impl Fn(&str) -> Option<String>,
     truthy: &impl Fn(&str) -> Result<Option<bool>, ReferenceEnvError>,
-    flag: &impl Fn(&mut Translation, &str, &str, Option<String>),
 ) -> Result<(), ReferenceEnvError> {
     let server = set("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".into());
-    flag(t, "SLUICE_XDS_SERVER", "--xds-server", Some(server));
+    settings.push(Setting::XdsServer(server));
     let node = set("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_else(|| "default".into());
-    flag(t, "SLUICE_XDS_NODE_ID", "--xds-node-id", Some(node));
-    for (var, sluice_env, f) in [
-        (
-            "CONFIG_GRPC_XDS_NODE_METADATA",
-            "SLUICE_XDS_NODE_METADATA",
-            "--xds-node-metadata",
-        ),
-        (
-            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-            "SLUICE_XDS_HEADERS",
-            "--xds-headers",
-        ),
-    ] {
-        if let Some(v) = set(var) {
-            flag(t, sluice_env, f, Some(v));
-        }
+    settings.push(Setting::XdsNodeId(node));
+    if let Some(v) = set("CONFIG_GRPC_XDS_NODE_METADATA") {
+        settings.push(Setting::XdsNodeMetadata(v));
+    }
+    if let Some(v) = set("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
+        settings.push(Setting::XdsHeaders(v));
     }
     if let Some(d) = set("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL") {
         let d = go_duration(&d).ok_or_else(|| {
@@ -484,12 +442,7 @@ fn xds_flags(
                 "expected a duration like 3s",
             )
         })?;
-        flag(
-            t,
-            "SLUICE_XDS_RETRY_INITIAL",
-            "--xds-retry-initial",
-            Some(d),
-        );
+        settings.push(Setting::XdsRetryInitial(d));
     }
     if truthy("CONFIG_GRPC_XDS_SERVER_USE_TLS")? == Some(true) {
         // sluice carries no system trust store: the server's CA must be named.
@@ -500,14 +453,14 @@ fn xds_flags(
                 "needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT: sluice verifies the xDS server against a named CA only",
             )
         })?;
-        flag(t, "SLUICE_XDS_TLS_CA", "--xds-tls-ca", Some(ca));
+        settings.push(Setting::XdsTlsCa(ca.into()));
         match (
             set("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
             set("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
         ) {
             (Some(cert), Some(key)) => {
-                flag(t, "SLUICE_XDS_TLS_CERT", "--xds-tls-cert", Some(cert));
-                flag(t, "SLUICE_XDS_TLS_KEY", "--xds-tls-key", Some(key));
+                settings.push(Setting::XdsTlsCert(cert.into()));
+                settings.push(Setting::XdsTlsKey(key.into()));
             }
             (None, None) => {}
             (Some(v), None) | (None, Some(v)) => {
@@ -519,23 +472,20 @@ fn xds_flags(
             }
         }
         if let Some(san) = set("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
-            flag(
-                t,
-                "SLUICE_XDS_TLS_SERVER_NAME",
-                "--xds-tls-server-name",
-                Some(san),
-            );
+            settings.push(Setting::XdsTlsServerName(san));
         }
     }
     if truthy("FORCE_START_WITHOUT_INITIAL_CONFIG")? == Some(true) {
-        flag(
-            t,
-            "SLUICE_XDS_START_WITHOUT_RULES",
-            "--xds-start-without-rules",
-            None,
-        );
+        settings.push(Setting::XdsStartWithoutRules);
     }
     Ok(())
+}
+
+/// `host:port` as the listener's address; `var` is named when it is not one.
+fn socket_addr(var: &str, value: &str) -> Result<SocketAddr, ReferenceEnvError> {
+    value
+        .parse()
+        .map_err(|_| invalid(var, value, "expected an IP address and a port"))
 }
 
 /// A Go boolean as the reference's settings parse it (`true`, `1`, `t`, any case).
@@ -547,20 +497,19 @@ fn boolean(v: &str) -> Option<bool> {
     }
 }
 
-/// A Go duration of one unit (`500ms`, `10s`, `2m`, `1h`) as sluice writes it.
-fn go_duration(d: &str) -> Option<String> {
+/// A Go duration of one unit (`500ms`, `10s`, `2m`, `1h`).
+fn go_duration(d: &str) -> Option<Duration> {
     let split = d.find(|c: char| !c.is_ascii_digit())?;
     let (n, unit) = d.split_at(split);
     let n: u64 = n.parse().ok()?;
-    let (n, unit) = match unit {
-        "us" | "µs" => (n, "us"),
-        "ms" => (n, "ms"),
-        "s" => (n, "s"),
-        "m" => (n.checked_mul(60)?, "s"),
-        "h" => (n.checked_mul(3600)?, "s"),
-        _ => return None,
-    };
-    Some(format!("{n}{unit}"))
+    match unit {
+        "us" | "µs" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
+        _ => None,
+    }
 }
 
 fn unsupported(var: &str, value: &str, why: &'static str) -> ReferenceEnvError {
@@ -582,6 +531,7 @@ fn invalid(var: &str, value: &str, why: &'static str) -> ReferenceEnvError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Setting::*;
 
     fn run(vars: &[(&str, &str)]) -> Result<Translation, ReferenceEnvError> {
         let vars: std::collections::HashMap<String, String> = vars
@@ -591,8 +541,12 @@ mod tests {
         translate(|k| vars.get(k).cloned())
     }
 
+    fn addr(a: &str) -> SocketAddr {
+        a.parse().unwrap()
+    }
+
     #[test]
-    fn a_reference_deployment_becomes_serve_flags() {
+    fn a_reference_deployment_becomes_serve_settings() {
         let t = run(&[
             ("PORT", "8080"),
             ("GRPC_PORT", "8081"),
@@ -612,27 +566,18 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--grpc-addr",
-                "0.0.0.0:8081",
-                "--http-addr",
-                "0.0.0.0:8080",
-                "--config",
-                "/data/ratelimit/config",
-                "--backend",
-                "redis",
-                "--redis-url",
-                "redis://:secret@redis:6379",
-                "--redis-connect-timeout",
-                "2s",
-                "--quota-mode",
-                "--response-headers",
-                "ratelimit",
-                "--ratelimit-header-names",
-                "RateLimit-Limit,RateLimit-Remaining,X-Reset",
-                "--reference-metrics-addr",
-                "0.0.0.0:9090",
+                GrpcAddr(addr("0.0.0.0:8081")),
+                HttpAddr(addr("0.0.0.0:8080")),
+                Config("/data/ratelimit/config".into()),
+                Backend(super::Backend::Redis),
+                RedisUrl("redis://:secret@redis:6379".into()),
+                RedisConnectTimeout(Duration::from_secs(2)),
+                QuotaMode,
+                ResponseHeaders("ratelimit".into()),
+                RatelimitHeaderNames("RateLimit-Limit,RateLimit-Remaining,X-Reset".into()),
+                ReferenceMetricsAddr(addr("0.0.0.0:9090")),
             ]
         );
         let ignored: Vec<&str> = t.ignored.iter().map(|(v, _)| v.as_str()).collect();
@@ -649,12 +594,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--backend",
-                "redis-cluster",
-                "--redis-url",
-                "rediss://u:p@a:6379,rediss://u:p@b:6379"
+                Backend(super::Backend::RedisCluster),
+                RedisUrl("rediss://u:p@a:6379,rediss://u:p@b:6379".into()),
             ]
         );
     }
@@ -673,14 +616,22 @@ mod tests {
                 "{var}: {e}"
             );
         }
-        assert!(matches!(
-            run(&[("SHADOW_MODE", "yes")]),
-            Err(ReferenceEnvError::Invalid { .. })
-        ));
-        assert!(matches!(
-            run(&[("REDIS_TIMEOUT", "1.5s")]),
-            Err(ReferenceEnvError::Invalid { .. })
-        ));
+        for vars in [
+            &[("SHADOW_MODE", "yes")][..],
+            &[("REDIS_TIMEOUT", "1.5s")],
+            &[("GRPC_PORT", "http")],
+            &[
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", "metrics:9090"),
+            ],
+            &[("NEAR_LIMIT_RATIO", "most")],
+        ] {
+            let e = run(vars).unwrap_err();
+            assert!(
+                matches!(&e, ReferenceEnvError::Invalid { var, .. } if var == vars[vars.len() - 1].0),
+                "{vars:?}: {e}"
+            );
+        }
     }
 
     #[test]
@@ -692,12 +643,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--backend",
-                "redis",
-                "--redis-url",
-                "redis+sentinel://:pw@s1:26379,s2:26379/mymaster"
+                Backend(super::Backend::Redis),
+                RedisUrl("redis+sentinel://:pw@s1:26379,s2:26379/mymaster".into()),
             ]
         );
         assert!(matches!(
@@ -707,7 +656,7 @@ mod tests {
     }
 
     #[test]
-    fn envoy_gateway_xds_becomes_the_xds_client_flags() {
+    fn envoy_gateway_xds_becomes_the_xds_client_settings() {
         let t = run(&[
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
@@ -722,19 +671,14 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--xds-server",
-                "envoy-gateway:18001",
-                "--xds-node-id",
-                "envoy-ratelimit",
-                "--xds-tls-ca",
-                "/certs/ca.crt",
-                "--xds-tls-cert",
-                "/certs/tls.crt",
-                "--xds-tls-key",
-                "/certs/tls.key",
-                "--xds-start-without-rules",
+                XdsServer("envoy-gateway:18001".into()),
+                XdsNodeId("envoy-ratelimit".into()),
+                XdsTlsCa("/certs/ca.crt".into()),
+                XdsTlsCert("/certs/tls.crt".into()),
+                XdsTlsKey("/certs/tls.key".into()),
+                XdsStartWithoutRules,
             ]
         );
         // The rules directory is not read: RUNTIME_ROOT is listed as not needed.
@@ -746,14 +690,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--xds-server",
-                "localhost:18000",
-                "--xds-node-id",
-                "default",
-                "--xds-retry-initial",
-                "3s"
+                XdsServer("localhost:18000".into()),
+                XdsNodeId("default".into()),
+                XdsRetryInitial(Duration::from_secs(3)),
             ]
         );
         for vars in [
@@ -782,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn envoy_gateway_tls_becomes_mutual_tls_flags() {
+    fn envoy_gateway_tls_becomes_mutual_tls_settings() {
         let t = run(&[
             ("GRPC_SERVER_USE_TLS", "true"),
             ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
@@ -791,14 +732,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags,
+            t.settings,
             [
-                "--grpc-tls-cert",
-                "/certs/tls.crt",
-                "--grpc-tls-key",
-                "/certs/tls.key",
-                "--grpc-tls-client-ca",
-                "/certs/ca.crt"
+                GrpcTlsCert("/certs/tls.crt".into()),
+                GrpcTlsKey("/certs/tls.key".into()),
+                GrpcTlsClientCa("/certs/ca.crt".into()),
             ]
         );
         // The reference's own name, with a SAN; TLS off means the paths are not read.
@@ -811,12 +749,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            t.flags[4..],
+            t.settings[2..],
             [
-                "--grpc-tls-client-ca",
-                "ca",
-                "--grpc-tls-client-san",
-                "envoy.internal"
+                GrpcTlsClientCa("ca".into()),
+                GrpcTlsClientSan("envoy.internal".into()),
             ]
         );
         let t = run(&[
@@ -824,7 +760,7 @@ mod tests {
             ("GRPC_SERVER_TLS_CERT", "c"),
         ])
         .unwrap();
-        assert!(t.flags.is_empty(), "{t:?}");
+        assert!(t.settings.is_empty(), "{t:?}");
         for vars in [
             &[
                 ("GRPC_SERVER_USE_TLS", "true"),
@@ -843,11 +779,5 @@ mod tests {
                 "{vars:?}"
             );
         }
-    }
-
-    #[test]
-    fn a_sluice_variable_of_the_same_setting_wins() {
-        let vars = [("GRPC_PORT", "9000"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")];
-        assert!(run(&vars).unwrap().flags.is_empty());
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
+use super::reference_env::Setting;
 use crate::engine::{Bounds, EngineSettings};
 use crate::metrics::Metrics;
 use crate::rules::LoadOptions;
@@ -17,8 +18,9 @@ use crate::store::redis::{RedisOptions, Topology, redact};
 use crate::store::{BackendConfig, FailureMode, LeaseOptions, Mode, StoreConfig};
 use crate::xds::{Backoff, XdsOptions, XdsTls};
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
+/// Where the counters live (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
     Memory,
     Redis,
     RedisCluster,
@@ -40,7 +42,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// A YAML rules file or a directory of them (one domain per file).
     #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]
@@ -237,6 +239,56 @@ const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 impl ServeArgs {
+    /// Takes a setting of the reference's environment, unless `given(id)` says its argument
+    /// (by its clap id, the field's name) was given on the command line or by its `SLUICE_*`
+    /// variable: those win. A setting that is not `serve`'s own (a global one) is handed back.
+    pub(super) fn take(
+        &mut self,
+        setting: Setting,
+        given: impl Fn(&str) -> bool,
+    ) -> Option<Setting> {
+        macro_rules! fill {
+            ($field:ident, $value:expr) => {{
+                if !given(stringify!($field)) {
+                    self.$field = $value;
+                }
+                None
+            }};
+        }
+        match setting {
+            Setting::GrpcAddr(a) => fill!(grpc_addr, a),
+            Setting::HttpAddr(a) => fill!(http_addr, a),
+            Setting::GrpcTlsCert(p) => fill!(grpc_tls_cert, Some(p)),
+            Setting::GrpcTlsKey(p) => fill!(grpc_tls_key, Some(p)),
+            Setting::GrpcTlsClientCa(p) => fill!(grpc_tls_client_ca, Some(p)),
+            Setting::GrpcTlsClientSan(n) => fill!(grpc_tls_client_san, Some(n)),
+            Setting::XdsServer(s) => fill!(xds_server, Some(s)),
+            Setting::XdsNodeId(n) => fill!(xds_node_id, n),
+            Setting::XdsNodeMetadata(m) => fill!(xds_node_metadata, m),
+            Setting::XdsHeaders(h) => fill!(xds_headers, h),
+            Setting::XdsRetryInitial(d) => fill!(xds_retry_initial, d),
+            Setting::XdsTlsCa(p) => fill!(xds_tls_ca, Some(p)),
+            Setting::XdsTlsCert(p) => fill!(xds_tls_cert, Some(p)),
+            Setting::XdsTlsKey(p) => fill!(xds_tls_key, Some(p)),
+            Setting::XdsTlsServerName(n) => fill!(xds_tls_server_name, Some(n)),
+            Setting::XdsStartWithoutRules => fill!(xds_start_without_rules, true),
+            Setting::Config(p) => fill!(config, p),
+            Setting::Backend(b) => fill!(backend, b),
+            Setting::RedisUrl(u) => fill!(redis_url, u),
+            Setting::RedisConnectTimeout(d) => fill!(redis_connect_timeout, d),
+            Setting::RedisKeyPrefix(p) => fill!(redis_key_prefix, p),
+            Setting::ShadowMode => fill!(shadow_mode, true),
+            Setting::QuotaMode => fill!(quota_mode, true),
+            Setting::ResponseDynamicMetadata => fill!(response_dynamic_metadata, true),
+            Setting::NearLimitRatio(r) => fill!(near_limit_ratio, r),
+            Setting::ResponseHeaders(h) => fill!(response_headers, h),
+            Setting::RatelimitHeaderNames(n) => fill!(ratelimit_header_names, n),
+            Setting::ReferenceMetricsAddr(a) => fill!(reference_metrics_addr, Some(a)),
+            Setting::ReferenceMetricsPath(p) => fill!(reference_metrics_path, p),
+            Setting::MergeDomains | Setting::LogFormat(_) => Some(setting),
+        }
+    }
+
     /// Threads that serve calls (0: one per CPU this process may run on).
     pub fn worker_threads(&self) -> usize {
         self.worker_threads
