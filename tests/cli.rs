@@ -299,6 +299,17 @@ fn as_reference(dir: &std::path::Path) -> tokio::process::Command {
     c
 }
 
+/// Once the server on `http` is healthy, an RLS client of its gRPC port.
+async fn healthy_client(
+    http: u16,
+    grpc: u16,
+) -> sluice::proto::RateLimitServiceClient<tonic::transport::Channel> {
+    common::wait_healthy(format!("127.0.0.1:{http}").parse().unwrap()).await;
+    sluice::proto::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn as_ratelimit_it_serves_from_the_references_environment() {
     let dir = common::temp_dir("as-reference");
@@ -325,18 +336,14 @@ async fn as_ratelimit_it_serves_from_the_references_environment() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let mut client = healthy_client(http, grpc).await;
     let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
-    common::wait_healthy(http_addr).await;
     let (_, config) = common::http_get(http_addr, "/rlconfig").await;
     assert!(
         config.contains("a.k: unit=SECOND requests_per_unit=1"),
         "{config}"
     );
     // SHADOW_MODE=true: over the limit, still OK overall.
-    let mut client =
-        sluice::proto::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-            .await
-            .unwrap();
     for _ in 0..2 {
         let r = client
             .should_rate_limit(common::request(
@@ -374,12 +381,7 @@ async fn as_ratelimit_its_own_settings_win_over_the_references() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
-    common::wait_healthy(http_addr).await;
-    let mut client =
-        sluice::proto::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-            .await
-            .unwrap();
+    let mut client = healthy_client(http, grpc).await;
     // config/edge.yaml allows 5 a second here; shadow mode answers OK past it.
     for _ in 0..7 {
         let search = common::descriptor(&[("api_key", "abc"), ("path", "/v1/search/x")]);

@@ -616,12 +616,36 @@ async fn as_envoy_gateways_rate_limit_deployment() {
     let user = |name: &'static str| async move {
         status(&http_get_raw(envoy.front, "/", &[("x-user-id", name)]).await)
     };
+    // Envoy (enable_x_ratelimit_headers, as Envoy Gateway sets it) renders the x-ratelimit-*
+    // headers; sluice, as the reference with LIMIT_RESPONSE_HEADERS_ENABLED unset, adds none.
+    let once = |response: &str| {
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            let seen = response
+                .lines()
+                .take_while(|l| !l.is_empty())
+                .filter(|l| {
+                    l.split_once(':')
+                        .is_some_and(|(k, _)| k.eq_ignore_ascii_case(name))
+                })
+                .count();
+            assert_eq!(seen, 1, "{name} once: {response}");
+        }
+        assert_eq!(header(response, "retry-after"), None, "{response}");
+    };
     for i in 0..3 {
-        assert_eq!(user("alice").await, 200, "request {i}");
+        let r = http_get_raw(envoy.front, "/", &[("x-user-id", "alice")]).await;
+        assert_eq!(status(&r), 200, "request {i}");
+        once(&r);
     }
     // failure_mode_deny is false: only a decision from sluice (over mTLS, from the rules that
     // came over xDS, counted in Redis) makes this a 429.
-    assert_eq!(user("alice").await, 429);
+    let r = http_get_raw(envoy.front, "/", &[("x-user-id", "alice")]).await;
+    assert_eq!(status(&r), 429);
+    once(&r);
     assert_eq!(user("bob").await, 200, "a counter per user");
     assert_eq!(envoy_stat(&envoy, "cluster.rls.ssl.handshake").await, 1);
     // Envoy Gateway's dashboard: the reference's names on PROMETHEUS_ADDR, the route's key as

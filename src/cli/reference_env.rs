@@ -359,7 +359,12 @@ pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, Re
             .map_err(|_| invalid("NEAR_LIMIT_RATIO", &r, "expected a number like 0.8"))?;
         settings.push(Setting::NearLimitRatio(ratio));
     }
-    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? == Some(true) {
+    // The reference adds headers only when asked; Envoy Gateway does not ask, and turns on
+    // Envoy's own x-ratelimit-* headers instead: sluice's default (retry-after, draft03) would
+    // send those twice.
+    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? != Some(true) {
+        settings.push(Setting::ResponseHeaders("none".into()));
+    } else {
         settings.push(Setting::ResponseHeaders("ratelimit".into()));
         let names = [
             ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
@@ -584,6 +589,28 @@ mod tests {
         assert_eq!(ignored, ["REDIS_POOL_SIZE"]);
     }
 
+    /// Envoy Gateway turns on Envoy's own x-ratelimit-* headers and not the reference's: sluice
+    /// then adds none either, or a client would get each twice.
+    #[test]
+    fn headers_follow_the_references_settings() {
+        assert_eq!(run(&[]).unwrap().settings, [ResponseHeaders("none".into())]);
+        assert_eq!(
+            run(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")])
+                .unwrap()
+                .settings,
+            [ResponseHeaders("none".into())]
+        );
+        assert_eq!(
+            run(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")])
+                .unwrap()
+                .settings,
+            [
+                ResponseHeaders("ratelimit".into()),
+                RatelimitHeaderNames("RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset".into()),
+            ]
+        );
+    }
+
     #[test]
     fn a_cluster_with_tls_and_a_user() {
         let t = run(&[
@@ -598,6 +625,7 @@ mod tests {
             [
                 Backend(super::Backend::RedisCluster),
                 RedisUrl("rediss://u:p@a:6379,rediss://u:p@b:6379".into()),
+                ResponseHeaders("none".into()),
             ]
         );
     }
@@ -647,6 +675,7 @@ mod tests {
             [
                 Backend(super::Backend::Redis),
                 RedisUrl("redis+sentinel://:pw@s1:26379,s2:26379/mymaster".into()),
+                ResponseHeaders("none".into()),
             ]
         );
         assert!(matches!(
@@ -679,6 +708,7 @@ mod tests {
                 XdsTlsCert("/certs/tls.crt".into()),
                 XdsTlsKey("/certs/tls.key".into()),
                 XdsStartWithoutRules,
+                ResponseHeaders("none".into()),
             ]
         );
         // The rules directory is not read: RUNTIME_ROOT is listed as not needed.
@@ -695,6 +725,7 @@ mod tests {
                 XdsServer("localhost:18000".into()),
                 XdsNodeId("default".into()),
                 XdsRetryInitial(Duration::from_secs(3)),
+                ResponseHeaders("none".into()),
             ]
         );
         for vars in [
@@ -737,6 +768,7 @@ mod tests {
                 GrpcTlsCert("/certs/tls.crt".into()),
                 GrpcTlsKey("/certs/tls.key".into()),
                 GrpcTlsClientCa("/certs/ca.crt".into()),
+                ResponseHeaders("none".into()),
             ]
         );
         // The reference's own name, with a SAN; TLS off means the paths are not read.
@@ -753,6 +785,7 @@ mod tests {
             [
                 GrpcTlsClientCa("ca".into()),
                 GrpcTlsClientSan("envoy.internal".into()),
+                ResponseHeaders("none".into()),
             ]
         );
         let t = run(&[
@@ -760,7 +793,7 @@ mod tests {
             ("GRPC_SERVER_TLS_CERT", "c"),
         ])
         .unwrap();
-        assert!(t.settings.is_empty(), "{t:?}");
+        assert_eq!(t.settings, [ResponseHeaders("none".into())], "{t:?}");
         for vars in [
             &[
                 ("GRPC_SERVER_USE_TLS", "true"),
