@@ -20,6 +20,11 @@
 //! extra calls included, and decide the *request's* checks, not a lease's; the breaker must see
 //! each real call, and the metrics the calls the breaker refused.
 //!
+//! The store only decides. What runs on timers (sweeping expired counters and denials, giving
+//! leftover leases back) and what the store reports (readiness, gauges) is its [`Upkeep`],
+//! which [`build`] returns beside the stack, as tower's `Buffer::pair` hands back its worker;
+//! the server runs it.
+//!
 //! Errors are typed ([`StoreError`]): layers act on the variant, never on a message.
 
 pub mod breaker;
