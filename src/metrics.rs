@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::engine::{Code, Decision, Status};
+use crate::rules::{RuleSet, Tier};
 use crate::store::{BackendObserver, StoreError};
 
 /// How a call ended, for `sluice_should_rate_limit_total{result}`.
@@ -70,6 +71,12 @@ pub struct Metrics {
     rules_loaded: IntGauge,
     keys: IntGauge,
     lease_hits: IntGauge,
+    /// Each limit of the rules now serving, and its window: usage against limit on a dashboard.
+    rule_limit: IntGaugeVec,
+    rule_window: IntGaugeVec,
+    /// Held from setting the limit gauges until they are encoded: a scrape never sees another's
+    /// reset.
+    rendering: Mutex<()>,
     near_limit_ratio: f64,
     max_series: usize,
     detailed_series: Mutex<HashSet<(String, String)>>,
@@ -222,6 +229,22 @@ impl Metrics {
             "sluice_lease_hits_held",
             "Hits this node holds in quota leases (mode: hybrid): taken from Redis, not yet admitted.",
         );
+        let limit_gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["domain", "rule", "plan", "tier"])
+                .expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("registered once");
+            g
+        };
+        let rule_limit = limit_gauge(
+            "sluice_rule_limit",
+            "Requests each limit of a rule allows per window (tier: its name, or its place in the rule; plan: the caller's plan, empty for the rule's own limits).",
+        );
+        let rule_window = limit_gauge(
+            "sluice_rule_limit_window_seconds",
+            "The window of each limit of a rule, in seconds (the rate is sluice_rule_limit / this).",
+        );
         let reloads = IntCounterVec::new(
             Opts::new("sluice_rules_reloads_total", "Rules reloads by result."),
             &["result"],
@@ -267,6 +290,9 @@ impl Metrics {
             rules_loaded,
             keys,
             lease_hits,
+            rule_limit,
+            rule_window,
+            rendering: Mutex::new(()),
             near_limit_ratio,
             max_series,
             detailed_series: Mutex::new(HashSet::new()),
@@ -430,8 +456,42 @@ impl Metrics {
             .inc();
     }
 
-    /// The text exposition, with gauges read now.
-    pub fn render(&self, gauges: Gauges) -> String {
+    /// The limit gauges, for the rules now serving: a series per limit (a rule with a plan has one
+    /// per plan); limits of rules that are gone go with them.
+    fn set_limits(&self, rules: &RuleSet) {
+        self.rule_limit.reset();
+        self.rule_window.reset();
+        let set = |domain: &str, rule: &str, plan: &str, tiers: &[Tier]| {
+            for (i, t) in tiers.iter().enumerate() {
+                let place = i.to_string();
+                let tier = t.name.as_deref().unwrap_or(&place);
+                let labels = [domain, rule, plan, tier];
+                self.rule_limit
+                    .with_label_values(&labels)
+                    .set(i64::from(t.requests_per_unit));
+                let window = t.limit.period_us / crate::clock::MICROS_PER_SECOND;
+                self.rule_window
+                    .with_label_values(&labels)
+                    .set(i64::try_from(window).unwrap_or(i64::MAX));
+            }
+        };
+        for d in rules.domains() {
+            for rule in d.rules() {
+                set(&d.name, &rule.label, "", &rule.tiers);
+                let Some(plan_ref) = &rule.plan else { continue };
+                for plan in d.plans() {
+                    if let Some(tiers) = plan.groups.get(&plan_ref.group) {
+                        set(&d.name, &rule.label, &plan.name, tiers);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The text exposition, with gauges read now and the limits of `rules`.
+    pub fn render(&self, gauges: Gauges, rules: &RuleSet) -> String {
+        let _rendering = self.rendering.lock().unwrap_or_else(|e| e.into_inner());
+        self.set_limits(rules);
         if let Some(k) = gauges.keys_in_memory {
             self.keys.set(k as i64);
         }

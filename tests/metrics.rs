@@ -137,3 +137,44 @@ async fn promtool_accepts_the_exposition() {
     assert!(text.contains("sluice_rule_hits_total{"), "{text}");
     server.running.stop().await.unwrap();
 }
+
+/// Each limit of the rules now serving is a gauge with its window, a plan's limits per plan, so
+/// a dashboard can plot usage against the limit; a reload takes the old limits away.
+#[tokio::test]
+async fn limits_are_gauges_of_the_rules_now_serving() {
+    const TIERS: &str = r#"
+domain: g
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: burst}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 1000}
+"#;
+    let server = start(TIERS, "none", EngineSettings::default()).await;
+    let http = server.running.http_addr;
+    let (_, text) = http_get(http, "/metrics").await;
+    let series = |name: &str, tier: &str| {
+        format!("sluice_rule_{name}{{domain=\"g\",plan=\"\",rule=\"k\",tier=\"{tier}\"}}")
+    };
+    assert_eq!(value(&text, &series("limit", "burst")), 10, "{text}");
+    assert_eq!(value(&text, &series("limit_window_seconds", "burst")), 1);
+    assert_eq!(value(&text, &series("limit", "1")), 1000);
+    assert_eq!(value(&text, &series("limit_window_seconds", "1")), 300);
+
+    let replaced =
+        "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    server
+        .running
+        .engine()
+        .replace_rules(sluice::rules::load_texts([("h.yaml", replaced)]).unwrap());
+    let (_, text) = http_get(http, "/metrics").await;
+    assert!(!text.contains("domain=\"g\""), "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "sluice_rule_limit{domain=\"h\",plan=\"\",rule=\"k\",tier=\"0\"}"
+        ),
+        7
+    );
+    server.running.stop().await.unwrap();
+}

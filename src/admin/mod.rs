@@ -229,7 +229,7 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics.render(gauges),
+        metrics.render(gauges, &engine.rules()),
     )
         .into_response()
 }
