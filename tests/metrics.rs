@@ -168,7 +168,7 @@ descriptors:
         .engine()
         .replace_rules(sluice::rules::load_texts([("h.yaml", replaced)]).unwrap());
     let (_, text) = http_get(http, "/metrics").await;
-    assert!(!text.contains("domain=\"g\""), "{text}");
+    assert!(!text.contains("domain=\"p\""), "{text}");
     assert_eq!(
         value(
             &text,
