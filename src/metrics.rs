@@ -142,16 +142,27 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
 ];
 
+/// A metric made from constant names and registered once in `registry`: neither can fail at
+/// run time, so a failure is a programming error caught by every test that builds `Metrics`.
+fn registered<C>(registry: &Registry, made: prometheus::Result<C>) -> C
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = made.expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("registered once");
+    metric
+}
+
 impl Metrics {
     pub fn new(near_limit_ratio: f64, max_series: usize) -> Self {
         let registry = Registry::new();
         let rule = |name: &str, help: &str| {
-            let c = IntCounterVec::new(Opts::new(name, help), &["domain", "rule"])
-                .expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), &["domain", "rule"]),
+            )
         };
         let rule_hits = rule("sluice_rule_hits_total", "Hits checked against the rule.");
         let rule_over_limit = rule(
@@ -202,13 +213,7 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("registered once");
-            g
-        };
+        let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
         let breaker_state = gauge(
             "sluice_circuit_breaker_state",
             "The backend circuit breaker: 0 closed, 1 open, 2 half-open.",
@@ -230,12 +235,8 @@ impl Metrics {
             "Hits this node holds in quota leases (mode: hybrid): taken from Redis, not yet admitted.",
         );
         let limit_gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["domain", "rule", "plan", "tier"])
-                .expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("registered once");
-            g
+            let labels = ["domain", "rule", "plan", "tier"];
+            registered(&registry, IntGaugeVec::new(Opts::new(name, help), &labels))
         };
         let rule_limit = limit_gauge(
             "sluice_rule_limit",
