@@ -42,7 +42,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-#[derive(Debug, clap::Args)]
+// Debug for the tests only: the Redis URL may carry a password.
+#[cfg_attr(test, derive(Debug))]
+#[derive(clap::Args)]
 pub struct ServeArgs {
     /// A YAML rules file or a directory of them (one domain per file).
     #[arg(long, env = "SLUICE_CONFIG", default_value = "config/")]

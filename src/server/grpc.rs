@@ -115,25 +115,22 @@ fn tls_incoming(
 /// Reads the certificate files again every `reload_every` (see [`crate::tls`]).
 async fn reload_certificates(
     tls: Arc<ServerTls>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let mut tick = tokio::time::interval(tls.reload_every().max(Duration::from_millis(10)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopped.wait_for(|stop| *stop) => return Ok(()),
-        }
+    let period = tls.reload_every().max(Duration::from_millis(10));
+    super::every(period, stopped, move || {
         let tls = tls.clone();
-        match tokio::task::spawn_blocking(move || tls.reload()).await {
-            Ok(Reload::Unchanged) | Err(_) => {}
-            Ok(Reload::Replaced) => tracing::info!("gRPC TLS certificates reloaded"),
-            Ok(Reload::Failed(e)) => {
-                tracing::warn!(error = %e, "gRPC TLS certificates changed but do not load; the previous ones keep serving")
+        async move {
+            match tokio::task::spawn_blocking(move || tls.reload()).await {
+                Ok(Reload::Unchanged) | Err(_) => {}
+                Ok(Reload::Replaced) => tracing::info!("gRPC TLS certificates reloaded"),
+                Ok(Reload::Failed(e)) => {
+                    tracing::warn!(error = %e, "gRPC TLS certificates changed but do not load; the previous ones keep serving")
+                }
             }
         }
-    }
+    })
+    .await
 }
 
 /// gRPC server reflection (v1) of the RLS and health services, for grpcurl and grpcui.

@@ -151,9 +151,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     // Inside the runtime: connections to Redis are made ahead, in the background.
     let (store, upkeep) = build(&store_config)?;
     let upkeep = Arc::new(upkeep);
-    let (initial, source) = rules::initial(config.rules, config.load)?;
-    let engine = Arc::new(Engine::new(initial, store, config.engine));
-    let rules = rules::Live::start(source, config.load, &engine, config.metrics.clone()).await?;
+    // No rules until the source gives them; nothing is served before then.
+    let engine = Arc::new(Engine::new(RuleSet::default(), store, config.engine));
+    let rules =
+        rules::Live::start(config.rules, config.load, &engine, config.metrics.clone()).await?;
 
     let gate = Arc::new(Gate::new(upkeep.clone()));
     let (health, health_service) = HealthStatus::new();
@@ -170,6 +171,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let http_listener = TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("binding the HTTP address {}", config.http_addr))?;
+    let reference_listener = match &config.reference_metrics {
+        Some((addr, _)) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the reference metrics address {addr}"))?,
+        ),
+        None => None,
+    };
+    // Every listener is bound before any task starts: a failed bind leaves nothing running.
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
     tasks.extend(grpc::serve(
@@ -191,10 +201,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         async move { http.await.context("HTTP server") },
     ));
     let mut reference_metrics_addr = None;
-    if let (Some((addr, path)), Some(metrics)) = (&config.reference_metrics, &config.metrics) {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the reference metrics address {addr}"))?;
+    if let (Some(listener), Some((_, path)), Some(metrics)) = (
+        reference_listener,
+        &config.reference_metrics,
+        &config.metrics,
+    ) {
         reference_metrics_addr = Some(listener.local_addr()?);
         let server = axum::serve(
             listener,
@@ -225,6 +236,28 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         stop,
         tasks,
     })
+}
+
+/// Runs `tick` every `period` (the first at once; a late tick is not made up for) until
+/// `stopped`: the timers of the upkeep and of the certificates' reload.
+async fn every<F, Fut>(
+    period: Duration,
+    mut stopped: watch::Receiver<bool>,
+    mut tick: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut timer = tokio::time::interval(period.max(Duration::from_millis(1)));
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = timer.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+        }
+        tick().await;
+    }
 }
 
 /// Resolves once `stop` says so.

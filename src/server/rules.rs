@@ -1,6 +1,7 @@
 //! Keeping the engine's rules live: the [`Reloader`] every rules change goes through, the file
 //! watch, SIGHUP, and the xDS client.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,52 +12,30 @@ use crate::metrics::Metrics;
 use crate::rules::reload::{ReloadObserver, Reloader, WatchGuard};
 use crate::rules::{LoadOptions, RuleSet, load_path_with};
 use crate::store::Store;
-use crate::xds::{XdsOptions, XdsRules};
+use crate::xds::XdsRules;
 
-/// What keeps changing the rules after the first set.
-pub(super) enum Source {
-    Files {
-        path: std::path::PathBuf,
-        watch: Option<std::time::Duration>,
-    },
-    Xds {
-        options: XdsOptions,
-        wait: bool,
-    },
-    Fixed,
-}
-
-/// The rules to start with, and what changes them later.
-pub(super) fn initial(source: RulesSource, load: LoadOptions) -> anyhow::Result<(RuleSet, Source)> {
-    match source {
-        RulesSource::Given(rules) => Ok((rules, Source::Fixed)),
-        RulesSource::Xds { options, wait } => {
-            Ok((RuleSet::default(), Source::Xds { options, wait }))
-        }
-        RulesSource::Files { path, watch } => {
-            if !path.exists() {
-                // The default is relative: started from another directory, it names nothing.
-                let resolved = std::env::current_dir()
-                    .map(|d| d.join(&path))
-                    .unwrap_or_else(|_| path.clone());
-                anyhow::bail!(
-                    "no rules at {} ({}): pass --config FILE_OR_DIRECTORY or set SLUICE_CONFIG",
-                    path.display(),
-                    resolved.display()
-                );
-            }
-            let rules = load_path_with(&path, load).map_err(|e| {
-                anyhow::anyhow!("the rules in {} are invalid:\n{e}", path.display())
-            })?;
-            tracing::info!(
-                config = %path.display(),
-                domains = rules.domain_count(),
-                rules = rules.rule_count(),
-                "rules loaded"
-            );
-            Ok((rules, Source::Files { path, watch }))
-        }
+/// The rules in `path`, or why there are none to serve.
+fn load_files(path: &Path, load: LoadOptions) -> anyhow::Result<RuleSet> {
+    if !path.exists() {
+        // The default is relative: started from another directory, it names nothing.
+        let resolved = std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_path_buf());
+        anyhow::bail!(
+            "no rules at {} ({}): pass --config FILE_OR_DIRECTORY or set SLUICE_CONFIG",
+            path.display(),
+            resolved.display()
+        );
     }
+    let rules = load_path_with(path, load)
+        .map_err(|e| anyhow::anyhow!("the rules in {} are invalid:\n{e}", path.display()))?;
+    tracing::info!(
+        config = %path.display(),
+        domains = rules.domain_count(),
+        rules = rules.rule_count(),
+        "rules loaded"
+    );
+    Ok(rules)
 }
 
 /// The live parts: dropping this stops the watch, the SIGHUP handler and the xDS client.
@@ -68,10 +47,10 @@ pub(super) struct Live {
 }
 
 impl Live {
-    /// Starts what `source` needs; with xDS and `wait`, returns once the first rules are
-    /// applied.
+    /// Gives `engine` its first rules from `source` and starts what keeps them current; with
+    /// xDS and `wait`, returns once the first rules are applied.
     pub(super) async fn start<S: Store>(
-        source: Source,
+        source: RulesSource,
         load: LoadOptions,
         engine: &Arc<Engine<S>>,
         metrics: Option<Arc<Metrics>>,
@@ -81,7 +60,8 @@ impl Live {
             move |rules| engine.replace_rules(rules)
         };
         let (reloader, watch, xds) = match source {
-            Source::Fixed => {
+            RulesSource::Given(rules) => {
+                engine.replace_rules(rules);
                 return Ok(Self {
                     reloader: None,
                     _watch: None,
@@ -89,10 +69,13 @@ impl Live {
                     xds: None,
                 });
             }
-            Source::Files { path, watch } => {
-                (Reloader::new(path, &engine.rules(), apply), watch, None)
+            RulesSource::Files { path, watch } => {
+                let rules = load_files(&path, load)?;
+                let reloader = Reloader::new(path, &rules, apply);
+                engine.replace_rules(rules);
+                (reloader, watch, None)
             }
-            Source::Xds { options, wait } => {
+            RulesSource::Xds { options, wait } => {
                 let source = format!("xds {} (node {})", options.server, options.node_id);
                 (Reloader::pushed(source, apply), None, Some((options, wait)))
             }

@@ -25,7 +25,7 @@ pub(super) fn spawn(
 ) -> Vec<JoinHandle<anyhow::Result<()>>> {
     let mut tasks = Vec::new();
     let sweep = upkeep.clone();
-    tasks.push(tokio::spawn(every(
+    tasks.push(tokio::spawn(super::every(
         sweep_every,
         stopped.clone(),
         move || {
@@ -39,15 +39,19 @@ pub(super) fn spawn(
     // Leases that ran out go back to the shared store soon, not when their window ends.
     if let Some(period) = upkeep.give_back_every() {
         let upkeep = upkeep.clone();
-        tasks.push(tokio::spawn(every(period, stopped.clone(), move || {
-            let upkeep = upkeep.clone();
-            async move { upkeep.give_back(false).await }
-        })));
+        tasks.push(tokio::spawn(super::every(
+            period,
+            stopped.clone(),
+            move || {
+                let upkeep = upkeep.clone();
+                async move { upkeep.give_back(false).await }
+            },
+        )));
     }
     // gRPC health follows readiness (Envoy's health checks then steer away from this node).
     let (gate, health) = (gate.clone(), health.clone());
     let mut was_ready = true;
-    tasks.push(tokio::spawn(every(
+    tasks.push(tokio::spawn(super::every(
         HEALTH_EVERY,
         stopped.clone(),
         move || {
@@ -65,25 +69,4 @@ pub(super) fn spawn(
         },
     )));
     tasks
-}
-
-/// Runs `tick` every `period` (a late tick is not made up for) until `stopped`.
-async fn every<F, Fut>(
-    period: Duration,
-    mut stopped: watch::Receiver<bool>,
-    mut tick: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut timer = tokio::time::interval(period.max(Duration::from_millis(1)));
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = timer.tick() => {}
-            _ = stopped.wait_for(|stop| *stop) => return Ok(()),
-        }
-        tick().await;
-    }
 }
