@@ -41,7 +41,7 @@ pub(super) fn serve<S: Store>(
                 .map_err_into(),
         )],
         Some(tls) => vec![
-            tokio::spawn(reload_certificates(tls.clone(), stopped.clone())),
+            reload_certificates(tls.clone(), &stopped),
             tokio::spawn(
                 tonic::transport::Server::builder()
                     .serve_with_incoming_shutdown(
@@ -113,10 +113,10 @@ fn tls_incoming(
 }
 
 /// Reads the certificate files again every `reload_every` (see [`crate::tls`]).
-async fn reload_certificates(
+fn reload_certificates(
     tls: Arc<ServerTls>,
-    stopped: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+    stopped: &watch::Receiver<bool>,
+) -> JoinHandle<anyhow::Result<()>> {
     let period = tls.reload_every().max(Duration::from_millis(10));
     super::every(period, stopped, move || {
         let tls = tls.clone();
@@ -130,7 +130,6 @@ async fn reload_certificates(
             }
         }
     })
-    .await
 }
 
 /// gRPC server reflection (v1) of the RLS and health services, for grpcurl and grpcui.

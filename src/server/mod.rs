@@ -238,26 +238,29 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     })
 }
 
-/// Runs `tick` every `period` (the first at once; a late tick is not made up for) until
-/// `stopped`: the timers of the upkeep and of the certificates' reload.
-async fn every<F, Fut>(
+/// A task that runs `tick` every `period` (the first at once; a late tick is not made up for)
+/// until `stopped`: the timers of the upkeep and of the certificates' reload.
+fn every<F, Fut>(
     period: Duration,
-    mut stopped: watch::Receiver<bool>,
+    stopped: &watch::Receiver<bool>,
     mut tick: F,
-) -> anyhow::Result<()>
+) -> JoinHandle<anyhow::Result<()>>
 where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
 {
-    let mut timer = tokio::time::interval(period.max(Duration::from_millis(1)));
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = timer.tick() => {}
-            _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+    let mut stopped = stopped.clone();
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(period.max(Duration::from_millis(1)));
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = timer.tick() => {}
+                _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+            }
+            tick().await;
         }
-        tick().await;
-    }
+    })
 }
 
 /// Resolves once `stop` says so.

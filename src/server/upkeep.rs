@@ -25,48 +25,36 @@ pub(super) fn spawn(
 ) -> Vec<JoinHandle<anyhow::Result<()>>> {
     let mut tasks = Vec::new();
     let sweep = upkeep.clone();
-    tasks.push(tokio::spawn(super::every(
-        sweep_every,
-        stopped.clone(),
-        move || {
-            let upkeep = sweep.clone();
-            async move {
-                // CPU-bound (a walk of every key): off the async workers.
-                let _ = tokio::task::spawn_blocking(move || upkeep.sweep()).await;
-            }
-        },
-    )));
+    tasks.push(super::every(sweep_every, stopped, move || {
+        let upkeep = sweep.clone();
+        // CPU-bound (a walk of every key): off the async workers.
+        async move {
+            let _ = tokio::task::spawn_blocking(move || upkeep.sweep()).await;
+        }
+    }));
     // Leases that ran out go back to the shared store soon, not when their window ends.
     if let Some(period) = upkeep.give_back_every() {
-        let upkeep = upkeep.clone();
-        tasks.push(tokio::spawn(super::every(
-            period,
-            stopped.clone(),
-            move || {
-                let upkeep = upkeep.clone();
-                async move { upkeep.give_back(false).await }
-            },
-        )));
+        let give_back = upkeep.clone();
+        tasks.push(super::every(period, stopped, move || {
+            let upkeep = give_back.clone();
+            async move { upkeep.give_back(false).await }
+        }));
     }
     // gRPC health follows readiness (Envoy's health checks then steer away from this node).
     let (gate, health) = (gate.clone(), health.clone());
     let mut was_ready = true;
-    tasks.push(tokio::spawn(super::every(
-        HEALTH_EVERY,
-        stopped.clone(),
-        move || {
-            let now = gate.now();
-            // Draining: `Running::drain` and `stop` own the health status from then on.
-            if now.ready() != was_ready && now != crate::readiness::Readiness::Draining {
-                was_ready = now.ready();
-                health.set(if was_ready {
-                    ServingStatus::Serving
-                } else {
-                    ServingStatus::NotServing
-                });
-            }
-            std::future::ready(())
-        },
-    )));
+    tasks.push(super::every(HEALTH_EVERY, stopped, move || {
+        let now = gate.now();
+        // Draining: `Running::drain` and `stop` own the health status from then on.
+        if now.ready() != was_ready && now != crate::readiness::Readiness::Draining {
+            was_ready = now.ready();
+            health.set(if was_ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            });
+        }
+        std::future::ready(())
+    }));
     tasks
 }
