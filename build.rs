@@ -1,9 +1,12 @@
 //! Compiles the hand-written protos under `proto/` with protox (pure Rust), so building
 //! sluice needs no system-wide protoc.
 
-/// The files of the rate limit service itself, which gRPC reflection describes. The xDS files
-/// (the rules client's) are compiled too, but sluice does not serve them.
-const SERVED: [&str; 1] = ["envoy/service/ratelimit/v3/rls.proto"];
+/// The files of the services sluice serves (RLS and RLQS), which gRPC reflection describes. The
+/// xDS files (the rules client's) are compiled too, but sluice does not serve them.
+const SERVED: [&str; 2] = [
+    "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
 const XDS: [&str; 2] = [
     "envoy/service/discovery/v3/ads.proto",
     "ratelimit/config/ratelimit/v3/rls_conf.proto",

@@ -7,8 +7,9 @@
 //! - [`server`]: the running system: rules source and reloads, the store's upkeep on timers,
 //!   listeners, drain and graceful stop ([`server::run`]). [`readiness`]: whether this node takes
 //!   traffic, the one rule every health door reads.
-//! - [`service`] (gRPC: RLS, headers, health), [`admin`] (HTTP), [`xds`] (rules pushed by an xDS
-//!   server): the doors. [`metrics`]: what the doors and the store report, for Prometheus.
+//! - [`service`] (gRPC: RLS, headers, health), [`rlqs`] (gRPC: Envoy's Rate Limit Quota
+//!   Service, grants drawn from the same counters), [`admin`] (HTTP), [`xds`] (rules pushed by an
+//!   xDS server): the doors. [`metrics`]: what the doors and the store report, for Prometheus.
 //! - [`engine`]: one request: match, build checks, apply them all-or-nothing, report.
 //!   [`explain`]: the same matching, shown instead of applied.
 //! - [`rules`]: parse, validate, compile, match, reload. [`counter`]: what rules and stores share
@@ -29,6 +30,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod proto;
 pub mod readiness;
+pub mod rlqs;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -86,6 +86,110 @@ pub struct Metrics {
     call_counters: [IntCounter; 4],
     /// The reference's names, when asked for.
     reference: Option<ReferenceNames>,
+    quota: QuotaMetrics,
+}
+
+/// The Rate Limit Quota Service's metrics (`sluice_rlqs_*`). Domain labels only name configured
+/// domains, so an Envoy cannot grow the series.
+struct QuotaMetrics {
+    streams: IntGauge,
+    buckets: IntGauge,
+    assignments: IntCounterVec,
+    granted: IntCounterVec,
+    reported: IntCounterVec,
+    refused: IntCounterVec,
+}
+
+impl QuotaMetrics {
+    fn new(registry: &Registry) -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            registered(registry, IntCounterVec::new(Opts::new(name, help), labels))
+        };
+        let quota = Self {
+            streams: registered(
+                registry,
+                IntGauge::new(
+                    "sluice_rlqs_streams",
+                    "RLQS streams open (one per Envoy and domain).",
+                ),
+            ),
+            buckets: registered(
+                registry,
+                IntGauge::new("sluice_rlqs_buckets", "RLQS buckets the open streams hold."),
+            ),
+            assignments: counter(
+                "sluice_rlqs_assignments_total",
+                "RLQS actions sent, by kind (token_bucket: a fresh grant; renewal: a longer time to live; allow_all; deny_all; abandon).",
+                &["kind"],
+            ),
+            granted: counter(
+                "sluice_rlqs_tokens_granted_total",
+                "Tokens granted to Envoys, drawn from the counters.",
+                &["domain"],
+            ),
+            reported: counter(
+                "sluice_rlqs_requests_reported_total",
+                "Requests the Envoys reported, by what they did with them (allowed, denied).",
+                &["domain", "result"],
+            ),
+            refused: counter(
+                "sluice_rlqs_refused_total",
+                "RLQS reports or buckets refused, by reason.",
+                &["reason"],
+            ),
+        };
+        for kind in [
+            "token_bucket",
+            "renewal",
+            "allow_all",
+            "deny_all",
+            "abandon",
+        ] {
+            quota.assignments.with_label_values(&[kind]);
+        }
+        quota
+    }
+}
+
+impl crate::rlqs::QuotaObserver for Metrics {
+    fn stream_opened(&self) {
+        self.quota.streams.inc();
+    }
+
+    fn stream_closed(&self) {
+        self.quota.streams.dec();
+    }
+
+    fn buckets(&self, delta: i64) {
+        self.quota.buckets.add(delta);
+    }
+
+    fn assigned(&self, kind: crate::rlqs::AssignmentKind) {
+        self.quota
+            .assignments
+            .with_label_values(&[kind.label()])
+            .inc();
+    }
+
+    fn granted(&self, domain: &str, tokens: u64) {
+        self.quota
+            .granted
+            .with_label_values(&[domain])
+            .inc_by(tokens);
+    }
+
+    fn reported(&self, domain: &str, allowed: u64, denied: u64) {
+        for (result, n) in [("allowed", allowed), ("denied", denied)] {
+            self.quota
+                .reported
+                .with_label_values(&[domain, result])
+                .inc_by(n);
+        }
+    }
+
+    fn refused(&self, why: crate::rlqs::Refusal) {
+        self.quota.refused.with_label_values(&[why.label()]).inc();
+    }
 }
 
 /// The reference service's per-rule counters, as Envoy Gateway's statsd mapping names them.
@@ -274,7 +378,9 @@ impl Metrics {
         for kind in ["timeout", "unavailable", "circuit_open"] {
             backend_errors.with_label_values(&[kind]);
         }
+        let quota = QuotaMetrics::new(&registry);
         Self {
+            quota,
             registry,
             rule_hits,
             rule_over_limit,

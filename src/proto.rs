@@ -31,6 +31,11 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+            }
+        }
     }
     pub mod r#type {
         pub mod v3 {
@@ -93,3 +98,22 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// The gRPC service name, as health checks use it.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The Rate Limit Quota Service's gRPC name (see `rlqs`).
+pub const QUOTA_SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+
+/// The Rate Limit Quota Service's messages and service (see `rlqs`).
+pub mod rlqs {
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::{
+        BucketAction, bucket_action,
+    };
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+        RateLimitQuotaService, RateLimitQuotaServiceServer,
+    };
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    pub use super::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    };
+    pub use super::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
+}

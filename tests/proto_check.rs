@@ -28,6 +28,11 @@ fn protos_match_the_envoy_binary() {
     assert!(text.contains("skipped ratelimit/config/ratelimit/v3/rls_conf.proto"));
     for item in [
         ".envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ".envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        ".envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction.QuotaAssignmentAction",
+        ".envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+        ".envoy.type.v3.RateLimitStrategy",
+        ".envoy.type.v3.TokenBucket",
         ".envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride",
         ".envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
         ".envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",

@@ -31,6 +31,7 @@ pub async fn serve_sluice(rules: &str, store: StoreConfig) -> SocketAddr {
         sweep_every: Duration::from_secs(5),
         drain_delay: Duration::ZERO,
         shutdown_grace: Duration::from_secs(10),
+        quota: sluice::rlqs::QuotaOptions::default(),
     };
     let running = server::start(config).await.unwrap();
     let addr = running.grpc_addr;

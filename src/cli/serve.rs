@@ -11,6 +11,7 @@ use clap::ValueEnum;
 use super::reference_env::Setting;
 use crate::engine::{Bounds, EngineSettings};
 use crate::metrics::Metrics;
+use crate::rlqs::{ENVOY_REPORT_INTERVAL_US, QuotaOptions};
 use crate::rules::LoadOptions;
 use crate::server::{self, RulesSource};
 use crate::service::{HeaderSet, LimitHeaderNames};
@@ -190,6 +191,21 @@ pub struct ServeArgs {
     /// exits anyway.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// RLQS: most buckets one Envoy's stream may hold (a report naming more ends the stream).
+    #[arg(
+        long,
+        env = "SLUICE_RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    rlqs_max_buckets_per_stream: usize,
+    /// RLQS: most buckets all streams of this node may hold; past it a new bucket gets no
+    /// assignment (its Envoy applies its no_assignment_behavior).
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
+    rlqs_max_buckets: usize,
+    /// RLQS: a bucket that sees no request for this long is abandoned (Envoy forgets it until
+    /// its next request); 0s never abandons. Counted in Envoy's 5-second reports.
+    #[arg(long, env = "SLUICE_RLQS_IDLE_ABANDON", default_value = "60s", value_parser = parse_duration)]
+    rlqs_idle_abandon: Duration,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
     max_descriptors: usize,
@@ -361,6 +377,17 @@ impl ServeArgs {
             sweep_every: SWEEP_EVERY,
             drain_delay: self.drain_delay,
             shutdown_grace: self.shutdown_grace,
+            quota: QuotaOptions {
+                max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
+                max_buckets: self.rlqs_max_buckets,
+                idle_reports_to_abandon: u32::try_from(
+                    self.rlqs_idle_abandon
+                        .as_micros()
+                        .div_ceil(u128::from(ENVOY_REPORT_INTERVAL_US)),
+                )
+                .unwrap_or(u32::MAX),
+                ..QuotaOptions::default()
+            },
         })
     }
 

@@ -391,6 +391,63 @@ impl Domain {
         matched?.rule.as_ref()
     }
 
+    /// Orders a map's entries (an RLQS bucket id has no order) as the rules nest them: the
+    /// first order, trying keys alphabetically at each level, in which every entry matches a
+    /// level and the last one a rule. None when no order does: the entries then match no rule.
+    /// The search gives up after `MAX_ORDER_STEPS` nodes, so a hostile id costs bounded work.
+    pub fn order_entries<'q>(
+        &self,
+        entries: &[(&'q str, &'q str)],
+    ) -> Option<Vec<(&'q str, &'q str)>> {
+        const MAX_ORDER_STEPS: usize = 4096;
+        fn search<'q>(
+            level: &Level,
+            left: &mut Vec<(&'q str, &'q str)>,
+            path: &mut Vec<(&'q str, &'q str)>,
+            steps: &mut usize,
+        ) -> bool {
+            for i in 0..left.len() {
+                let (key, value) = left[i];
+                let Some(branch) = level.keys.get(key) else {
+                    continue;
+                };
+                let node = branch
+                    .exact
+                    .get(value)
+                    .or_else(|| {
+                        branch
+                            .wildcards
+                            .iter()
+                            .find(|(p, _)| p.matches(value))
+                            .map(|(_, n)| n)
+                    })
+                    .or(branch.any.as_deref());
+                let Some(node) = node else { continue };
+                *steps += 1;
+                if *steps > MAX_ORDER_STEPS {
+                    return false;
+                }
+                left.remove(i);
+                path.push((key, value));
+                let found = if left.is_empty() {
+                    node.rule.is_some()
+                } else {
+                    search(&node.children, left, path, steps)
+                };
+                if found {
+                    return true;
+                }
+                path.pop();
+                left.insert(i, (key, value));
+            }
+            false
+        }
+        let mut left: Vec<_> = entries.to_vec();
+        left.sort_unstable();
+        let mut path = Vec::with_capacity(left.len());
+        search(&self.root, &mut left, &mut path, &mut 0).then_some(path)
+    }
+
     /// Every rule with its path, for `/rlconfig` and explain.
     pub fn rules(&self) -> Vec<&Rule> {
         fn walk<'a>(level: &'a Level, out: &mut Vec<&'a Rule>) {

@@ -577,3 +577,63 @@ fn metadata_is_kept_as_written() {
     assert_eq!(m["pool"]["name"], "x");
     assert_eq!(m["n"], 1);
 }
+
+#[test]
+fn a_map_of_entries_is_ordered_as_the_rules_nest_them() {
+    let rs = set(r#"
+domain: d
+descriptors:
+  - key: route
+    value: api
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 5}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: a
+    descriptors:
+      - key: b
+        descriptors:
+          - key: c
+            rate_limit: {unit: hour, requests_per_unit: 1}
+"#);
+    let d = rs.domain("d").unwrap();
+    let order = |entries: &[(&'static str, &'static str)]| d.order_entries(entries);
+    assert_eq!(
+        order(&[("user", "u1"), ("route", "api")]),
+        Some(vec![("route", "api"), ("user", "u1")])
+    );
+    // Alphabetical keys first, backtracking until the whole map matches a rule.
+    assert_eq!(
+        order(&[("c", "3"), ("b", "2"), ("a", "1")]),
+        Some(vec![("a", "1"), ("b", "2"), ("c", "3")])
+    );
+    assert_eq!(order(&[("user", "u1")]), Some(vec![("user", "u1")]));
+    // An entry no rule names, or a path that ends without a rule: no order, no rule.
+    assert_eq!(order(&[("user", "u1"), ("other", "x")]), None);
+    assert_eq!(order(&[("a", "1"), ("b", "2")]), None);
+    assert_eq!(order(&[("route", "web"), ("user", "u1")]), None);
+    assert_eq!(order(&[]), None);
+    // Whatever order it finds, `find` agrees that it names a rule.
+    let ordered = order(&[("user", "u1"), ("route", "api")]).unwrap();
+    assert_eq!(path(&rs, &ordered).as_deref(), Some("route_api.user"));
+}
+
+#[test]
+fn ordering_a_map_with_entries_no_path_holds_gives_none() {
+    // Every top-level key matches, none nests: 40 entries never form one path.
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        ));
+    }
+    let rs = set(&text);
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let entries: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+    assert_eq!(rs.domain("d").unwrap().order_entries(&entries), None);
+    assert_eq!(
+        rs.domain("d").unwrap().order_entries(&entries[..1]),
+        Some(vec![("k0", "v")])
+    );
+}

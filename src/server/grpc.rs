@@ -1,4 +1,5 @@
-//! The gRPC listener: the RLS, gRPC health and reflection on one port, told apart by path;
+//! The gRPC listener: the RLS, the RLQS, gRPC health and reflection on one port, told apart by
+//! path;
 //! plaintext HTTP/2 or TLS (mutual TLS too) with certificates read again as they rotate.
 
 use std::sync::Arc;
@@ -10,7 +11,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 
-use crate::proto::{RateLimitServiceServer, SERVICE_NAME};
+use crate::proto::rlqs::RateLimitQuotaServiceServer;
+use crate::proto::{QUOTA_SERVICE_NAME, RateLimitServiceServer, SERVICE_NAME};
+use crate::rlqs::QuotaService;
 use crate::service::RateLimitGrpc;
 use crate::service::health::HealthService;
 use crate::store::Store;
@@ -20,12 +23,14 @@ use crate::tls::{Reload, ServerTls};
 pub(super) fn serve<S: Store>(
     listener: TcpListener,
     service: Arc<RateLimitGrpc<S>>,
+    quota: Arc<QuotaService<S>>,
     health: tonic_health::pb::health_server::HealthServer<HealthService>,
     tls: Option<Arc<ServerTls>>,
     stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<JoinHandle<anyhow::Result<()>>>> {
     let dispatch = Dispatch {
         rls: RateLimitServiceServer::from_arc(service),
+        rlqs: RateLimitQuotaServiceServer::from_arc(quota),
         health,
         reflection: reflection()?,
     };
@@ -147,12 +152,13 @@ fn reflection() -> anyhow::Result<
 
 /// The gRPC services on the one listener, told apart by the path's service name. tonic's
 /// `Router` (an axum router) would match routes and box a service and a future per call; for
-/// three services a prefix test is all it takes, and the generated servers already box their
-/// futures. ShouldRateLimit is tested first; anything that is neither it nor reflection goes to
+/// four services a prefix test is all it takes, and the generated servers already box their
+/// futures. ShouldRateLimit is tested first; anything that is none of the others goes to
 /// health, which answers UNIMPLEMENTED for what it does not know.
 #[derive(Clone)]
-struct Dispatch<R, H, F> {
+struct Dispatch<R, Q, H, F> {
     rls: R,
+    rlqs: Q,
     health: H,
     reflection: F,
 }
@@ -161,26 +167,36 @@ type GrpcRequest = tonic::codegen::http::Request<tonic::body::Body>;
 type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
 type GrpcFuture = tonic::codegen::BoxFuture<GrpcResponse, std::convert::Infallible>;
 
-impl<R, H, F> tonic::codegen::Service<GrpcRequest> for Dispatch<R, H, F>
-where
-    R: tonic::codegen::Service<
+/// A generated gRPC server, as `Dispatch` calls it.
+trait GrpcService:
+    tonic::codegen::Service<
+        GrpcRequest,
+        Response = GrpcResponse,
+        Error = std::convert::Infallible,
+        Future = GrpcFuture,
+    >
+{
+}
+
+impl<T> GrpcService for T where
+    T: tonic::codegen::Service<
             GrpcRequest,
             Response = GrpcResponse,
             Error = std::convert::Infallible,
             Future = GrpcFuture,
-        >,
-    H: tonic::codegen::Service<
-            GrpcRequest,
-            Response = GrpcResponse,
-            Error = std::convert::Infallible,
-            Future = GrpcFuture,
-        >,
-    F: tonic::codegen::Service<
-            GrpcRequest,
-            Response = GrpcResponse,
-            Error = std::convert::Infallible,
-            Future = GrpcFuture,
-        >,
+        >
+{
+}
+
+/// Whether `path` is a method of the gRPC service `name` (`/name/Method`).
+fn is_method_of(path: &str, name: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(name))
+        .is_some_and(|method| method.starts_with('/'))
+}
+
+impl<R: GrpcService, Q: GrpcService, H: GrpcService, F: GrpcService>
+    tonic::codegen::Service<GrpcRequest> for Dispatch<R, Q, H, F>
 {
     type Response = GrpcResponse;
     type Error = std::convert::Infallible;
@@ -195,15 +211,12 @@ where
     }
 
     fn call(&mut self, request: GrpcRequest) -> Self::Future {
-        let rls = request
-            .uri()
-            .path()
-            .strip_prefix('/')
-            .and_then(|p| p.strip_prefix(SERVICE_NAME))
-            .is_some_and(|method| method.starts_with('/'));
-        if rls {
+        let path = request.uri().path();
+        if is_method_of(path, SERVICE_NAME) {
             self.rls.call(request)
-        } else if request.uri().path().starts_with("/grpc.reflection.") {
+        } else if is_method_of(path, QUOTA_SERVICE_NAME) {
+            self.rlqs.call(request)
+        } else if path.starts_with("/grpc.reflection.") {
             self.reflection.call(request)
         } else {
             self.health.call(request)

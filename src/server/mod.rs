@@ -7,7 +7,7 @@
 //! 2. **Store**: built with its upkeep (`store::build`); the upkeep's timers run here (`upkeep`):
 //!    expired counters swept, leftover leases given back, gRPC health kept in step with
 //!    [`readiness`](crate::readiness).
-//! 3. **Listeners**: gRPC (RLS, health, reflection; TLS with rotation), HTTP (admin), and the
+//! 3. **Listeners**: gRPC (RLS, RLQS, health, reflection; TLS with rotation), HTTP (admin), and the
 //!    reference's metrics listener when asked; see `grpc`.
 //! 4. **Stop**: the first shutdown signal starts the drain (health NOT_SERVING, calls still
 //!    answered) for `drain_delay`, a second one ends it early; then the listeners close,
@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use crate::engine::{Engine, EngineSettings};
 use crate::metrics::Metrics;
 use crate::readiness::Gate;
+use crate::rlqs::{QuotaObserver, QuotaOptions, QuotaService};
 use crate::rules::reload::Reloader;
 use crate::rules::{LoadOptions, RuleSet};
 use crate::service::health::HealthStatus;
@@ -73,6 +74,9 @@ pub struct Config {
     pub drain_delay: Duration,
     /// How long in-flight calls may take to finish after the drain.
     pub shutdown_grace: Duration,
+    /// The Rate Limit Quota Service's bounds and pace (its default failure policy is the
+    /// store's).
+    pub quota: QuotaOptions,
 }
 
 /// Where the rules come from.
@@ -163,6 +167,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             .with_dynamic_metadata(config.dynamic_metadata),
     );
     let (stop, stopped) = watch::channel(false);
+    let quota = Arc::new(QuotaService::new(
+        engine.clone(),
+        store_config.clocks.wall.clone(),
+        QuotaOptions {
+            default_failure_mode: store_config.failure_mode,
+            ..config.quota
+        },
+        config.metrics.clone().map(|m| m as Arc<dyn QuotaObserver>),
+        stopped.clone(),
+    ));
     let mut tasks = Vec::new();
 
     let grpc_listener = TcpListener::bind(config.grpc_addr)
@@ -185,6 +199,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     tasks.extend(grpc::serve(
         grpc_listener,
         service.clone(),
+        quota,
         health_service,
         config.grpc_tls,
         stopped.clone(),

@@ -106,6 +106,7 @@ pub fn config(rules: RulesSource, store: StoreConfig) -> Config {
         sweep_every: Duration::from_secs(3600),
         drain_delay: Duration::ZERO,
         shutdown_grace: Duration::from_secs(10),
+        quota: sluice::rlqs::QuotaOptions::default(),
     }
 }
 

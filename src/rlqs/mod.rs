@@ -1,0 +1,267 @@
+//! Envoy's Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`, the
+//! `rate_limit_quota` HTTP filter): each Envoy decides locally from quota assignments this
+//! service streams to it, and reports its usage back; no call sits on the request path.
+//!
+//! **Why it never admits more than the limit across a fleet.** An assignment is a *lease*
+//! drawn from the rule's counters through the same [`Engine`] every RLS call goes through (every
+//! tier, all-or-nothing, memory or Redis): `n` tokens are charged to the counters first, then
+//! handed to one Envoy as a token bucket of `n` that does not refill within its life, with a
+//! time to live that ends with the window the tokens were charged to. So whatever the number of
+//! Envoys and whichever node each streams to, the Envoys together hold at most what the
+//! counters admitted. A bucket's new grant goes out as `DENY_ALL` then the new bucket in one
+//! response: Envoy 1.40 starts a token bucket that *replaces* another at the old one's fill
+//! ratio, and full only after a blanket rule; the old grant's unspent tokens are dropped, never
+//! counted twice.
+//!
+//! **Why it is full.** Grants follow each Envoy's reported demand (requests allowed and denied
+//! per second, smoothed), sized to cover about two of Envoy's 5-second reports, and capped at
+//! the Envoy's share, by demand, of what the counter has left. While plenty is left, a grant is
+//! topped up before it runs out (the unspent rest is lost, which plenty can afford); when little
+//! is left, only once it is (nearly) spent, so almost nothing another Envoy could use sits idle.
+//! At a window's end every bucket gets the new window's grant at once, so no Envoy waits in its
+//! fallback between windows.
+//!
+//! **What Envoy 1.40 really does** (`../shared/reference/rlqs.md`, seen live) shapes the rest:
+//! reports every 5 s whatever the interval says; time to live in whole seconds, an unset one
+//! expiring at once; only blanket rules and token buckets honoured; a refill rate of
+//! `tokens_per_fill / whole seconds of fill_interval`, so "no refill" is one token per century.
+//!
+//! `policy`: what to tell an Envoy about a bucket, as pure functions of what it reported, held
+//! and the time. `stream`: one Envoy's stream, which runs the policy's steps against the
+//! engine. `wire`: the protobuf messages.
+
+mod policy;
+mod stream;
+mod wire;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::sync::watch;
+
+pub use policy::{
+    Assigned, BLANKET_TTL_US, ENVOY_REPORT_INTERVAL_US, Fleet, Holding, MAX_GRANT, Step, Treatment,
+    Usage, period_end_us, ttl_seconds,
+};
+pub use stream::resolve;
+
+use crate::clock::Clock;
+use crate::counter::FailureMode;
+use crate::engine::Engine;
+use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct QuotaOptions {
+    /// Buckets one stream may hold; a report naming more is refused.
+    pub max_buckets_per_stream: usize,
+    /// Buckets all streams of this node may hold; past it new buckets get no assignment.
+    pub max_buckets: usize,
+    /// Reports in a row without a request before a bucket is abandoned (0: never).
+    pub idle_reports_to_abandon: u32,
+    /// How often each stream looks for windows that end and assignments to renew.
+    pub tick: Duration,
+    /// The failure policy of rules that set none (the store's default).
+    pub default_failure_mode: FailureMode,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        Self {
+            max_buckets_per_stream: 10_000,
+            max_buckets: 100_000,
+            // A minute of 5-second reports.
+            idle_reports_to_abandon: 12,
+            tick: Duration::from_secs(1),
+            default_failure_mode: FailureMode::default(),
+        }
+    }
+}
+
+/// What kind of assignment went out, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignmentKind {
+    TokenBucket,
+    Renewal,
+    AllowAll,
+    DenyAll,
+    Abandon,
+}
+
+impl AssignmentKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            AssignmentKind::TokenBucket => "token_bucket",
+            AssignmentKind::Renewal => "renewal",
+            AssignmentKind::AllowAll => "allow_all",
+            AssignmentKind::DenyAll => "deny_all",
+            AssignmentKind::Abandon => "abandon",
+        }
+    }
+}
+
+/// Why a report, or a bucket in it, was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NoDomain,
+    DomainChanged,
+    TooManyBuckets,
+    EmptyBucketId,
+    BucketIdTooLarge,
+    CountOutOfRange,
+    NodeFull,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::NoDomain => "no_domain",
+            Refusal::DomainChanged => "domain_changed",
+            Refusal::TooManyBuckets => "too_many_buckets",
+            Refusal::EmptyBucketId => "empty_bucket_id",
+            Refusal::BucketIdTooLarge => "bucket_id_too_large",
+            Refusal::CountOutOfRange => "count_out_of_range",
+            Refusal::NodeFull => "node_full",
+        }
+    }
+}
+
+/// What the service reports as it works (the metrics implement it; `rlqs` does not know them).
+pub trait QuotaObserver: Send + Sync {
+    fn stream_opened(&self);
+    fn stream_closed(&self);
+    /// Buckets held by all streams changed by `delta`.
+    fn buckets(&self, delta: i64);
+    fn assigned(&self, kind: AssignmentKind);
+    /// Tokens handed out for a configured domain.
+    fn granted(&self, domain: &str, tokens: u64);
+    /// What the Envoys said they allowed and denied, for a configured domain.
+    fn reported(&self, domain: &str, allowed: u64, denied: u64);
+    fn refused(&self, why: Refusal);
+}
+
+/// A counter as the node's streams share knowledge of it: the domain and the ordered entries.
+type CounterId = (String, Vec<(String, String)>);
+
+#[derive(Debug, Default)]
+struct LedgerEntry {
+    holders: u32,
+    demand: f64,
+    /// What the counter had left after the last grant from it, and for which period.
+    remaining: Option<(u64, u64)>,
+}
+
+/// What this node's streams know together: how many buckets they hold, and per counter every
+/// Envoy's demand and what was left at the last grant (so shares follow demand).
+#[derive(Debug, Default)]
+struct Ledger {
+    buckets: AtomicUsize,
+    counters: Mutex<HashMap<CounterId, LedgerEntry>>,
+}
+
+impl Ledger {
+    fn counters(&self) -> std::sync::MutexGuard<'_, HashMap<CounterId, LedgerEntry>> {
+        // A panic elsewhere while holding it leaves numbers that are still numbers.
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fleet(&self, id: &CounterId, period_end_us: u64) -> Fleet {
+        let counters = self.counters();
+        counters.get(id).map_or_else(Fleet::default, |e| Fleet {
+            demand: e.demand,
+            remaining: e
+                .remaining
+                .and_then(|(until, left)| (until == period_end_us).then_some(left)),
+        })
+    }
+
+    fn join(&self, id: &CounterId) {
+        self.counters().entry(id.clone()).or_default().holders += 1;
+    }
+
+    fn leave(&self, id: &CounterId, demand: f64) {
+        let mut counters = self.counters();
+        if let Some(e) = counters.get_mut(id) {
+            e.holders = e.holders.saturating_sub(1);
+            e.demand = (e.demand - demand).max(0.0);
+            if e.holders == 0 {
+                counters.remove(id);
+            }
+        }
+    }
+
+    fn demand_changed(&self, id: &CounterId, before: f64, after: f64) {
+        if let Some(e) = self.counters().get_mut(id) {
+            e.demand = (e.demand - before + after).max(0.0);
+        }
+    }
+
+    fn left(&self, id: &CounterId, period_end_us: u64, remaining: u64) {
+        if let Some(e) = self.counters().get_mut(id) {
+            e.remaining = Some((period_end_us, remaining));
+        }
+    }
+}
+
+/// What every stream of the service shares.
+struct Shared<S> {
+    engine: Arc<Engine<S>>,
+    /// Wall time: windows end on it (the store's own clock, so memory windows agree).
+    clock: Arc<dyn Clock>,
+    options: QuotaOptions,
+    observer: Option<Arc<dyn QuotaObserver>>,
+    ledger: Ledger,
+    stopped: watch::Receiver<bool>,
+}
+
+/// Serves `StreamRateLimitQuotas` from an [`Engine`]; streams end when `stopped` says so.
+pub struct QuotaService<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: Store> QuotaService<S> {
+    pub fn new(
+        engine: Arc<Engine<S>>,
+        clock: Arc<dyn Clock>,
+        options: QuotaOptions,
+        observer: Option<Arc<dyn QuotaObserver>>,
+        stopped: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                engine,
+                clock,
+                options,
+                observer,
+                ledger: Ledger::default(),
+                stopped,
+            }),
+        }
+    }
+
+    /// Buckets held by all streams now.
+    pub fn buckets(&self) -> usize {
+        self.shared.ledger.buckets.load(Ordering::Relaxed)
+    }
+}
+
+type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<S: Store> crate::proto::rlqs::RateLimitQuotaService for QuotaService<S> {
+    type StreamRateLimitQuotasStream = ResponseStream;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<tonic::Response<Self::StreamRateLimitQuotasStream>, tonic::Status> {
+        let peer = request.remote_addr();
+        let responses = stream::spawn(self.shared.clone(), request.into_inner(), peer);
+        Ok(tonic::Response::new(Box::pin(responses)))
+    }
+}

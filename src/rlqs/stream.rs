@@ -1,0 +1,666 @@
+//! One Envoy's stream: its buckets, the reports that come in, the ticks that end windows and
+//! renew assignments, and the engine calls that draw grants from the counters.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::policy::{Assigned, BLANKET_TTL_US, Fleet, Holding, Step, Treatment, Usage};
+use super::{AssignmentKind, CounterId, Refusal, Shared, period_end_us, ttl_seconds, wire};
+use crate::clock::MICROS_PER_SECOND;
+use crate::counter::FailureMode;
+use crate::engine::{self, Code, EngineError, Limits};
+use crate::limiter::Limit;
+use crate::proto::rlqs::{
+    BucketAction, BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use crate::rules::RuleSet;
+use crate::store::{CheckKind, Store};
+
+type Outbound = Result<RateLimitQuotaResponse, tonic::Status>;
+
+/// Starts serving one stream; what to send back.
+pub(super) fn spawn<S: Store>(
+    shared: Arc<Shared<S>>,
+    inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
+    peer: Option<SocketAddr>,
+) -> impl Stream<Item = Outbound> + Send + 'static {
+    let (out, responses) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut subscriber = Subscriber {
+            shared,
+            out,
+            domain: None,
+            buckets: HashMap::new(),
+        };
+        subscriber.run(inbound, peer).await;
+    });
+    futures_util::stream::unfold(responses, |mut responses| async move {
+        responses.recv().await.map(|next| (next, responses))
+    })
+}
+
+/// How the rules treat a bucket: what the explain tool prints and the stream acts on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The bucket's entries in the order the rules nest them; None when no rule matches.
+    pub entries: Option<Vec<(String, String)>>,
+    /// The matched rule's path.
+    pub rule: Option<String>,
+    pub kind: Kind,
+    /// The limits a grant is drawn from (the ones `replaces` drops left out).
+    pub limits: Vec<Limit>,
+    /// What to assign when the backend cannot answer.
+    pub failure_mode: FailureMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Allow,
+    Shadow,
+    Limited,
+}
+
+impl Resolved {
+    pub fn treatment(&self, now_us: u64) -> Treatment {
+        match self.kind {
+            Kind::Allow => Treatment::Allow,
+            Kind::Shadow => Treatment::Shadow,
+            Kind::Limited => match period_end_us(&self.limits, now_us) {
+                Some(period_end_us) => Treatment::Limited { period_end_us },
+                None => Treatment::Allow,
+            },
+        }
+    }
+}
+
+/// How `rules` treat a bucket of `domain` with these entries (a map: any order). The entries
+/// are matched as one descriptor, ordered as the rules nest them (`Domain::order_entries`).
+pub fn resolve(
+    rules: &RuleSet,
+    domain: &str,
+    entries: &[(&str, &str)],
+    global_shadow: bool,
+    default_failure_mode: FailureMode,
+) -> Result<Resolved, EngineError> {
+    let allowed = Resolved {
+        entries: None,
+        rule: None,
+        kind: Kind::Allow,
+        limits: Vec::new(),
+        failure_mode: default_failure_mode,
+    };
+    let Some(ordered) = rules.domain(domain).and_then(|d| d.order_entries(entries)) else {
+        return Ok(allowed);
+    };
+    let request = engine::Request {
+        domain: domain.to_owned(),
+        descriptors: vec![engine::Descriptor::of(&ordered, 0)],
+    };
+    let explained = engine::explain(rules, &request)?;
+    let Some(descriptor) = explained.descriptors.first() else {
+        return Ok(allowed);
+    };
+    let entries = Some(
+        ordered
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    );
+    let rule = descriptor.rule;
+    let failure_mode = rule
+        .and_then(|r| r.failure_mode)
+        .unwrap_or(default_failure_mode);
+    let kind = match descriptor.limits {
+        Limits::None | Limits::Unlimited => Kind::Allow,
+        Limits::Tiers(_) | Limits::Override(_) => {
+            if global_shadow || rule.is_some_and(|r| r.shadow_mode) {
+                Kind::Shadow
+            } else {
+                Kind::Limited
+            }
+        }
+    };
+    let limits = descriptor
+        .checks
+        .iter()
+        .filter(|c| !c.replaced && c.kind == CheckKind::Enforce)
+        .map(|c| c.tier.limit)
+        .collect();
+    Ok(Resolved {
+        entries,
+        rule: rule.map(|r| r.path.clone()),
+        kind,
+        limits,
+        failure_mode,
+    })
+}
+
+/// One bucket of the stream.
+struct Bucket {
+    /// As Envoy sent it, to name the bucket in actions.
+    id: BucketId,
+    /// The rules it was resolved against (a reload resolves it again).
+    rules: Arc<RuleSet>,
+    resolved: Resolved,
+    holding: Holding,
+}
+
+struct Subscriber<S> {
+    shared: Arc<Shared<S>>,
+    out: mpsc::Sender<Outbound>,
+    /// The stream's domain, from its first report.
+    domain: Option<String>,
+    /// By the bucket id's entries, sorted (the counter's id in the ledger too).
+    buckets: HashMap<Vec<(String, String)>, Bucket>,
+}
+
+/// A tick starts this long after the second, so a window that ends on the second has ended.
+const TICK_LAG: Duration = Duration::from_millis(5);
+
+impl<S: Store> Subscriber<S> {
+    async fn run(
+        &mut self,
+        mut inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
+        peer: Option<SocketAddr>,
+    ) {
+        self.observe(|o| o.stream_opened());
+        tracing::info!(?peer, "RLQS stream opened");
+        let stopped = stopping(self.shared.stopped.clone());
+        tokio::pin!(stopped);
+        let mut ticker = self.ticker();
+        let ended = loop {
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(reports)) => {
+                        if let Err(status) = self.on_reports(reports).await {
+                            tracing::warn!(?peer, error = %status.message(), "RLQS stream refused");
+                            let _ = self.out.send(Err(status)).await;
+                            break "refused";
+                        }
+                    }
+                    Ok(None) => break "closed by the client",
+                    Err(e) => {
+                        tracing::debug!(?peer, error = %e, "RLQS stream broke");
+                        break "broken";
+                    }
+                },
+                _ = ticker.tick() => self.on_tick().await,
+                () = &mut stopped => break "server stopping",
+            }
+        };
+        self.close();
+        tracing::info!(?peer, why = ended, "RLQS stream ended");
+    }
+
+    /// Ticks on the second of the wall clock (plus a little), where windows end.
+    fn ticker(&self) -> tokio::time::Interval {
+        let tick = self.shared.options.tick.max(Duration::from_millis(1));
+        let mut start = Instant::now();
+        if tick >= Duration::from_secs(1) {
+            let into_second = self.shared.clock.now_micros() % MICROS_PER_SECOND;
+            start += Duration::from_micros(MICROS_PER_SECOND - into_second) + TICK_LAG;
+        }
+        let mut ticker = tokio::time::interval_at(start, tick);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticker
+    }
+
+    fn observe(&self, f: impl FnOnce(&dyn super::QuotaObserver)) {
+        if let Some(o) = &self.shared.observer {
+            f(o.as_ref());
+        }
+    }
+
+    async fn on_reports(
+        &mut self,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<(), tonic::Status> {
+        let shared = self.shared.clone();
+        if reports.domain.is_empty() {
+            self.observe(|o| o.refused(Refusal::NoDomain));
+            return Err(tonic::Status::invalid_argument(
+                "the usage reports name no domain",
+            ));
+        }
+        match &self.domain {
+            None => self.domain = Some(reports.domain.clone()),
+            Some(d) if *d != reports.domain => {
+                self.observe(|o| o.refused(Refusal::DomainChanged));
+                return Err(tonic::Status::invalid_argument(format!(
+                    "the stream's domain is {d:?}; a report named {:?} (one stream per domain)",
+                    reports.domain
+                )));
+            }
+            Some(_) => {}
+        }
+        let options = &shared.options;
+        if reports.bucket_quota_usages.len() > options.max_buckets_per_stream {
+            self.observe(|o| o.refused(Refusal::TooManyBuckets));
+            return Err(tonic::Status::resource_exhausted(format!(
+                "a report of {} buckets; a stream holds at most {} (--rlqs-max-buckets-per-stream)",
+                reports.bucket_quota_usages.len(),
+                options.max_buckets_per_stream
+            )));
+        }
+        let domain = reports.domain;
+        let rules = shared.engine.rules();
+        let configured = rules.domain(&domain).is_some();
+        let now = shared.clock.now_micros();
+        let bounds = shared.engine.settings().bounds;
+        let (mut allowed, mut denied) = (0u64, 0u64);
+        let mut actions = Vec::new();
+        let mut abandoned = Vec::new();
+        for usage in reports.bucket_quota_usages {
+            let Some(id) = usage.bucket_id.filter(|id| !id.bucket.is_empty()) else {
+                self.observe(|o| o.refused(Refusal::EmptyBucketId));
+                continue;
+            };
+            // A count past i64 is a negative number sent as unsigned, never a real one.
+            let limit = i64::MAX as u64;
+            if usage.num_requests_allowed > limit || usage.num_requests_denied > limit {
+                self.observe(|o| o.refused(Refusal::CountOutOfRange));
+                continue;
+            }
+            if id.bucket.len() > bounds.max_entries
+                || id.bucket.iter().any(|(k, v)| {
+                    k.is_empty()
+                        || k.len() > bounds.max_entry_bytes
+                        || v.len() > bounds.max_entry_bytes
+                })
+            {
+                self.observe(|o| o.refused(Refusal::BucketIdTooLarge));
+                continue;
+            }
+            let mut key: Vec<(String, String)> = id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            key.sort_unstable();
+            let fresh = !self.buckets.contains_key(&key);
+            if fresh && !self.admit_bucket() {
+                continue;
+            }
+            allowed = allowed.saturating_add(usage.num_requests_allowed);
+            denied = denied.saturating_add(usage.num_requests_denied);
+            let usage = Usage {
+                allowed: usage.num_requests_allowed,
+                denied: usage.num_requests_denied,
+                elapsed_us: wire::elapsed_us(usage.time_elapsed.as_ref()),
+            };
+            let bucket = match self.buckets.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let resolved = resolve_id(&shared, &rules, &domain, &id);
+                    shared.ledger.join(&(domain.clone(), e.key().clone()));
+                    e.insert(Bucket {
+                        id,
+                        rules: rules.clone(),
+                        resolved,
+                        holding: Holding::default(),
+                    })
+                }
+            };
+            refresh(&shared, bucket, &rules, &domain);
+            let counter: CounterId = (domain.clone(), sorted(&bucket.id));
+            let treatment = bucket.resolved.treatment(now);
+            if fresh && usage.elapsed_us == 0 && usage.allowed > 0 {
+                if let Treatment::Limited { .. } = treatment {
+                    // Admitted by the Envoy's no-assignment behaviour before any grant: counted,
+                    // so later grants leave room for it.
+                    charge(&shared, &domain, &bucket.resolved, usage.allowed).await;
+                }
+            }
+            let fleet = fleet_of(&shared, &counter, treatment);
+            let before = bucket.holding.demand;
+            let step = bucket.holding.on_report(
+                usage,
+                now,
+                treatment,
+                fleet,
+                options.idle_reports_to_abandon,
+            );
+            shared
+                .ledger
+                .demand_changed(&counter, before, bucket.holding.demand);
+            if step == Step::Abandon {
+                actions.push(wire::abandon(&bucket.id));
+                self.observe(|o| o.assigned(AssignmentKind::Abandon));
+                abandoned.push(counter.1);
+                continue;
+            }
+            execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
+        }
+        for key in abandoned {
+            self.forget(&key);
+        }
+        if configured {
+            self.observe(|o| o.reported(&domain, allowed, denied));
+        }
+        self.send(actions).await;
+        Ok(())
+    }
+
+    /// Room for one more bucket on this stream and node.
+    fn admit_bucket(&self) -> bool {
+        let options = &self.shared.options;
+        if self.buckets.len() >= options.max_buckets_per_stream {
+            self.observe(|o| o.refused(Refusal::TooManyBuckets));
+            return false;
+        }
+        let ledger = &self.shared.ledger;
+        let taken = ledger
+            .buckets
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < options.max_buckets).then_some(n + 1)
+            });
+        if taken.is_err() {
+            self.observe(|o| o.refused(Refusal::NodeFull));
+            return false;
+        }
+        self.observe(|o| o.buckets(1));
+        true
+    }
+
+    fn forget(&mut self, key: &Vec<(String, String)>) {
+        if let Some(bucket) = self.buckets.remove(key) {
+            let domain = self.domain.clone().unwrap_or_default();
+            self.shared
+                .ledger
+                .leave(&(domain, key.clone()), bucket.holding.demand);
+            self.shared.ledger.buckets.fetch_sub(1, Ordering::Relaxed);
+            self.observe(|o| o.buckets(-1));
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let Some(domain) = self.domain.clone() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let rules = shared.engine.rules();
+        let now = shared.clock.now_micros();
+        let mut actions = Vec::new();
+        for (key, bucket) in &mut self.buckets {
+            refresh(&shared, bucket, &rules, &domain);
+            let treatment = bucket.resolved.treatment(now);
+            let counter: CounterId = (domain.clone(), key.clone());
+            let fleet = fleet_of(&shared, &counter, treatment);
+            let step = bucket.holding.on_tick(now, treatment, fleet);
+            execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
+        }
+        self.send(actions).await;
+    }
+
+    async fn send(&self, actions: Vec<BucketAction>) {
+        if !actions.is_empty() {
+            let _ = self
+                .out
+                .send(Ok(RateLimitQuotaResponse {
+                    bucket_action: actions,
+                }))
+                .await;
+        }
+    }
+
+    /// The stream ended: its buckets leave the ledger. What the Envoy holds stays with it
+    /// until its time to live (at most the window it was charged to).
+    fn close(&mut self) {
+        let keys: Vec<_> = self.buckets.keys().cloned().collect();
+        for key in keys {
+            self.forget(&key);
+        }
+        self.observe(|o| o.stream_closed());
+    }
+}
+
+/// Resolves once the server stops.
+async fn stopping(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+fn sorted(id: &BucketId) -> Vec<(String, String)> {
+    let mut key: Vec<_> = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    key.sort_unstable();
+    key
+}
+
+fn resolve_id<S: Store>(
+    shared: &Shared<S>,
+    rules: &RuleSet,
+    domain: &str,
+    id: &BucketId,
+) -> Resolved {
+    let entries: Vec<(&str, &str)> = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let settings = shared.engine.settings();
+    resolve(
+        rules,
+        domain,
+        &entries,
+        settings.global_shadow,
+        shared.options.default_failure_mode,
+    )
+    .unwrap_or_else(|e| {
+        // The bounds were checked on the way in; a rule the explain path refuses is allowed
+        // rather than guessed at.
+        tracing::warn!(error = %e, "RLQS bucket not resolved; allowed");
+        Resolved {
+            entries: None,
+            rule: None,
+            kind: Kind::Allow,
+            limits: Vec::new(),
+            failure_mode: shared.options.default_failure_mode,
+        }
+    })
+}
+
+/// Resolves the bucket again when the rules changed.
+fn refresh<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, rules: &Arc<RuleSet>, domain: &str) {
+    if !Arc::ptr_eq(&bucket.rules, rules) {
+        bucket.resolved = resolve_id(shared, rules, domain, &bucket.id);
+        bucket.rules = rules.clone();
+    }
+}
+
+fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatment) -> Fleet {
+    match treatment {
+        Treatment::Limited { period_end_us } => shared.ledger.fleet(counter, period_end_us),
+        _ => Fleet::default(),
+    }
+}
+
+/// Charges `hits` the Envoy admitted on its own (its fallback, or a shadow rule), whatever the
+/// counter says: they were admitted already.
+async fn charge<S: Store>(shared: &Shared<S>, domain: &str, resolved: &Resolved, hits: u64) {
+    let Some(entries) = &resolved.entries else {
+        return;
+    };
+    let request = engine::Request {
+        domain: domain.to_owned(),
+        descriptors: vec![engine::Descriptor {
+            entries: entries.clone(),
+            hits,
+            ..engine::Descriptor::default()
+        }],
+    };
+    if let Err(e) = shared.engine.decide(&request).await {
+        tracing::debug!(error = %e, "RLQS: charging reported usage failed");
+    }
+}
+
+/// Runs one step for a bucket, adding what to send to `actions`.
+async fn execute<S: Store>(
+    shared: &Shared<S>,
+    domain: &str,
+    bucket: &mut Bucket,
+    step: Step,
+    now: u64,
+    counter: &CounterId,
+    actions: &mut Vec<BucketAction>,
+) {
+    let observe = |kind| {
+        if let Some(o) = &shared.observer {
+            o.assigned(kind);
+        }
+    };
+    match step {
+        Step::Nothing | Step::Abandon => {}
+        Step::Renew { ttl_s } => {
+            let action = match bucket.holding.assigned {
+                Assigned::Tokens { size, .. } => wire::tokens(&bucket.id, ttl_s, size),
+                Assigned::DenyAll { .. } => wire::deny_all(&bucket.id, ttl_s),
+                Assigned::AllowAll { .. } | Assigned::Nothing => return,
+            };
+            actions.push(action);
+            bucket.holding.renewed(now, ttl_s);
+            observe(AssignmentKind::Renewal);
+        }
+        Step::Count { hits } => {
+            charge(shared, domain, &bucket.resolved, hits).await;
+            allow_all(bucket, now, actions, observe);
+        }
+        Step::AllowAll => allow_all(bucket, now, actions, observe),
+        Step::Grant { want, until_us } => {
+            // Under a second left: the tick at the window's end grants the next one.
+            let Some(ttl_s) = ttl_seconds(now, until_us) else {
+                return;
+            };
+            match grant(shared, domain, bucket, want, until_us, counter).await {
+                Granted::Tokens(size) => {
+                    actions.extend(wire::fresh_tokens(&bucket.id, ttl_s, size));
+                    bucket.holding.assign(Assigned::Tokens {
+                        size,
+                        until_us,
+                        expires_us: now + ttl_s * MICROS_PER_SECOND,
+                        granted_us: now,
+                    });
+                    if let Some(o) = &shared.observer {
+                        o.granted(domain, size);
+                    }
+                    observe(AssignmentKind::TokenBucket);
+                }
+                Granted::Nothing => {
+                    actions.push(wire::deny_all(&bucket.id, ttl_s));
+                    bucket.holding.assign(Assigned::DenyAll {
+                        until_us,
+                        expires_us: now + ttl_s * MICROS_PER_SECOND,
+                    });
+                    observe(AssignmentKind::DenyAll);
+                }
+                Granted::PolicyDeny => {
+                    let ttl_s = ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND);
+                    actions.push(wire::deny_all(&bucket.id, ttl_s));
+                    bucket.holding.assign(Assigned::DenyAll {
+                        until_us,
+                        expires_us: now + ttl_s * MICROS_PER_SECOND,
+                    });
+                    observe(AssignmentKind::DenyAll);
+                }
+                Granted::PolicyAllow => allow_all(bucket, now, actions, observe),
+                Granted::Unanswered => {}
+            }
+        }
+    }
+}
+
+fn allow_all(
+    bucket: &mut Bucket,
+    now: u64,
+    actions: &mut Vec<BucketAction>,
+    observe: impl Fn(AssignmentKind),
+) {
+    // Renewed by reports; only once half its life is gone.
+    if let Assigned::AllowAll { expires_us } = bucket.holding.assigned
+        && expires_us > now + BLANKET_TTL_US / 2
+    {
+        return;
+    }
+    let ttl_s = BLANKET_TTL_US / MICROS_PER_SECOND;
+    actions.push(wire::allow_all(&bucket.id, ttl_s));
+    bucket.holding.assign(Assigned::AllowAll {
+        expires_us: now + BLANKET_TTL_US,
+    });
+    observe(AssignmentKind::AllowAll);
+}
+
+/// What the counters gave for a grant.
+enum Granted {
+    Tokens(u64),
+    /// Nothing is left in the window.
+    Nothing,
+    /// The backend is away and the rule's failure policy says deny, or allow.
+    PolicyDeny,
+    PolicyAllow,
+    /// No answer (the `error` policy, a full memory store): the Envoy keeps what it has, then
+    /// its own fallback.
+    Unanswered,
+}
+
+/// Draws up to `want` tokens from the bucket's counters: all of them if they fit, else what
+/// the tightest limit has left (asked again, since another node may take it meanwhile).
+async fn grant<S: Store>(
+    shared: &Shared<S>,
+    domain: &str,
+    bucket: &Bucket,
+    want: u64,
+    until_us: u64,
+    counter: &CounterId,
+) -> Granted {
+    let Some(entries) = &bucket.resolved.entries else {
+        return Granted::PolicyAllow;
+    };
+    let mut hits = want;
+    for _ in 0..3 {
+        let request = engine::Request {
+            domain: domain.to_owned(),
+            descriptors: vec![engine::Descriptor {
+                entries: entries.clone(),
+                hits,
+                ..engine::Descriptor::default()
+            }],
+        };
+        let decision = match shared.engine.decide(&request).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, domain, "RLQS grant failed; no assignment");
+                return Granted::Unanswered;
+            }
+        };
+        let Some(status) = decision.statuses.first() else {
+            return Granted::Unanswered;
+        };
+        if decision.by_policy {
+            return match (bucket.resolved.failure_mode, status.code) {
+                (FailureMode::Allow, _) => Granted::PolicyAllow,
+                (FailureMode::Deny, _) => Granted::PolicyDeny,
+                // `local`: this node's own counters granted it (or not).
+                (_, Code::Ok) => Granted::Tokens(hits),
+                (_, Code::OverLimit) => Granted::PolicyDeny,
+            };
+        }
+        shared.ledger.left(counter, until_us, status.remaining);
+        if status.code == Code::Ok {
+            return Granted::Tokens(hits);
+        }
+        if status.remaining == 0 || hits <= 1 {
+            return Granted::Nothing;
+        }
+        hits = status.remaining.min(hits - 1);
+    }
+    Granted::Nothing
+}
