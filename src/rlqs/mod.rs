@@ -47,7 +47,7 @@ pub use policy::{
     Assigned, BLANKET_TTL_US, ENVOY_REPORT_INTERVAL_US, Fleet, Holding, MAX_GRANT, Step, Treatment,
     Usage, period_end_us, ttl_seconds,
 };
-pub use stream::resolve;
+pub use stream::{Kind, Resolved, Session, resolve};
 
 use crate::clock::Clock;
 use crate::counter::FailureMode;
@@ -153,6 +153,8 @@ struct LedgerEntry {
     demand: f64,
     /// What the counter had left after the last grant from it, and for which period.
     remaining: Option<(u64, u64)>,
+    /// What this node's Envoys hold unspent of the period's grants, and for which period.
+    held: (u64, u64),
 }
 
 /// What this node's streams know together: how many buckets they hold, and per counter every
@@ -176,6 +178,11 @@ impl Ledger {
             remaining: e
                 .remaining
                 .and_then(|(until, left)| (until == period_end_us).then_some(left)),
+            held: if e.held.0 == period_end_us {
+                e.held.1
+            } else {
+                0
+            },
         })
     }
 
@@ -197,6 +204,19 @@ impl Ledger {
     fn demand_changed(&self, id: &CounterId, before: f64, after: f64) {
         if let Some(e) = self.counters().get_mut(id) {
             e.demand = (e.demand - before + after).max(0.0);
+        }
+    }
+
+    /// One Envoy's unspent tokens of the period went from `before` to `after`.
+    fn held_changed(&self, id: &CounterId, period_end_us: u64, before: u64, after: u64) {
+        if before == after {
+            return;
+        }
+        if let Some(e) = self.counters().get_mut(id) {
+            if e.held.0 != period_end_us {
+                e.held = (period_end_us, 0);
+            }
+            e.held.1 = e.held.1.saturating_sub(before).saturating_add(after);
         }
     }
 
@@ -241,6 +261,11 @@ impl<S: Store> QuotaService<S> {
                 stopped,
             }),
         }
+    }
+
+    /// A stream's logic without its transport, for tests and tools that drive it by hand.
+    pub fn session(&self) -> Session<S> {
+        Session::new(self.shared.clone())
     }
 
     /// Buckets held by all streams now.

@@ -8,8 +8,10 @@ use crate::limiter::Limit;
 /// Envoy 1.40 reports every bucket every 5 s, whatever `reporting_interval` says.
 pub const ENVOY_REPORT_INTERVAL_US: u64 = 5 * MICROS_PER_SECOND;
 
-/// A grant is sized to this much of the Envoy's demand, so it lasts past the next report.
-const HORIZON_US: u64 = 2 * ENVOY_REPORT_INTERVAL_US;
+/// With room to spare, a grant is topped up when it would run out within this at the Envoy's
+/// demand: a tick (every second) and a half, so the top-up lands before it runs out and what
+/// the old grant still held when replaced is about that much demand.
+const TOP_UP_LEAD_US: u64 = 1_500_000;
 
 /// How long an `ALLOW_ALL` or a failure policy's `DENY_ALL` lasts without a report: long enough
 /// that one lost report does not drop the Envoy into its fallback, short enough that a rule
@@ -17,15 +19,16 @@ const HORIZON_US: u64 = 2 * ENVOY_REPORT_INTERVAL_US;
 pub const BLANKET_TTL_US: u64 = 3 * ENVOY_REPORT_INTERVAL_US;
 
 /// How a bucket's requests are to be treated, from the rules now serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Treatment {
     /// No rule, an `unlimited` one, or an unknown domain: allowed.
     Allow,
     /// A `shadow_mode` rule (or global shadow mode): allowed, and what the Envoy admits is
     /// counted.
     Shadow,
-    /// Limited: grants are drawn from the counters for a period that ends at `period_end_us`.
-    Limited { period_end_us: u64 },
+    /// Limited: grants are drawn from the counters for a period that ends at `period_end_us`;
+    /// `rate` is the tightest limit's requests per second, the first grant's guide.
+    Limited { period_end_us: u64, rate: f64 },
 }
 
 /// Where a grant's period ends: the earliest end among the limits it is drawn from. A grant is
@@ -59,16 +62,21 @@ fn next_multiple(now_us: u64, period: u64) -> u64 {
 }
 
 /// A time to live in whole seconds (Envoy reads no fraction, and expires an assignment under a
-/// second at once) that ends by `until_us`, or up to [`TTL_SLACK_US`] past it: ticks run a few
-/// milliseconds after the second, where windows end. None when less than a second is left.
+/// second at once) that lasts past `until_us` by at least [`TICK_SLACK_US`], rounded up to the
+/// second: the tick at the period's end (a few milliseconds after it) replaces every assignment
+/// of the period before it expires, so the Envoy never waits in its fallback between periods.
+/// Only if this node stops before that tick does an assignment outlive its period, by under
+/// `1 s + TICK_SLACK_US`. None once the period is over.
 pub fn ttl_seconds(now_us: u64, until_us: u64) -> Option<u64> {
-    let seconds = until_us.saturating_sub(now_us).saturating_add(TTL_SLACK_US) / MICROS_PER_SECOND;
-    (seconds >= 1).then_some(seconds)
+    (until_us > now_us).then(|| {
+        (until_us - now_us)
+            .saturating_add(TICK_SLACK_US)
+            .div_ceil(MICROS_PER_SECOND)
+    })
 }
 
-/// How far past its window an assignment may live: the lateness a tick is allowed. At the
-/// window's end the next grant replaces it anyway.
-pub const TTL_SLACK_US: u64 = 50_000;
+/// How late the tick at a period's end may run before assignments of the period expire.
+pub const TICK_SLACK_US: u64 = 250_000;
 
 /// What this node last told the Envoy about the bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,15 +128,17 @@ pub struct Holding {
 }
 
 /// What the node knows of a counter beyond this Envoy: every Envoy's demand for the bucket on
-/// this node, and what the counter had left after the last grant from it.
+/// this node, what the counter had left after the last grant from it, and what this node's
+/// Envoys hold of the period's grants, unspent as far as their reports tell.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Fleet {
     pub demand: f64,
     pub remaining: Option<u64>,
+    pub held: u64,
 }
 
 /// The next step for the bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
     Nothing,
     /// Tell the same again with a new time to live (the Envoy keeps its tokens).
@@ -188,7 +198,10 @@ impl Holding {
                 hits: usage.allowed,
             },
             Treatment::Shadow => Step::AllowAll,
-            Treatment::Limited { period_end_us } => self.limited(now_us, period_end_us, fleet),
+            Treatment::Limited {
+                period_end_us,
+                rate,
+            } => self.limited(now_us, period_end_us, rate, fleet),
         }
     }
 
@@ -230,25 +243,22 @@ impl Holding {
         self.denied = self.denied.saturating_add(denied);
     }
 
-    fn limited(&mut self, now_us: u64, period_end_us: u64, fleet: Fleet) -> Step {
+    fn limited(&mut self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
         let grant = |h: &Self| Step::Grant {
-            want: h.want(now_us, period_end_us, fleet),
+            want: h.want(now_us, period_end_us, rate, fleet),
             until_us: period_end_us,
         };
         match self.assigned {
             Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
                 let spent = self.denied > 0 || self.used >= size;
                 let left = size.saturating_sub(self.used);
-                let seconds_left = period_end_us.saturating_sub(now_us) as f64 / 1e6;
-                let plentiful = fleet
-                    .remaining
-                    .is_none_or(|r| r as f64 >= 2.0 * fleet.demand.max(self.demand) * seconds_left);
-                let until_next_report = self.demand * 1.25 * ENVOY_REPORT_INTERVAL_US as f64 / 1e6;
-                // Plenty left: top up before it runs out (what it still holds is lost, and
-                // that is affordable). Scarce: only when (nearly) spent, so nothing is wasted
-                // that another Envoy could have used.
-                let top_up = if plentiful {
-                    left as f64 <= until_next_report
+                // A fresh bucket replaces the old one, whose unspent rest is lost, so a grant
+                // is topped up only about to run out: with room for everyone's demand, when
+                // it would run out within a tick and a half at the demand seen (a tick does it
+                // between reports, see `on_tick`); without, only once it is nearly spent, so
+                // nothing is lost that another Envoy could have used.
+                let top_up = if self.plentiful(now_us, period_end_us, fleet) {
+                    self.runs_out_soon(now_us)
                 } else {
                     left <= size / 8
                 };
@@ -270,11 +280,62 @@ impl Holding {
         }
     }
 
+    /// Whether the counter has room for every Envoy's present demand until the period ends
+    /// (unknown counts as room: only a grant from it tells).
+    fn plentiful(&self, now_us: u64, period_end_us: u64, fleet: Fleet) -> bool {
+        let seconds_left = period_end_us.saturating_sub(now_us) as f64 / 1e6;
+        fleet.remaining.is_none_or(|r| {
+            r.saturating_add(fleet.held) as f64
+                >= 1.1 * fleet.demand.max(self.demand) * seconds_left
+        })
+    }
+
+    /// Whether the grant, as the last report left it, runs out within [`TOP_UP_LEAD_US`] of
+    /// `now_us` at the demand seen.
+    fn runs_out_soon(&self, now_us: u64) -> bool {
+        let Assigned::Tokens {
+            size, granted_us, ..
+        } = self.assigned
+        else {
+            return false;
+        };
+        // Usage is counted from the later of the last report and the grant.
+        let since = self.last_report_us.max(granted_us);
+        let since_report_s = now_us.saturating_sub(since) as f64 / 1e6;
+        let left = size.saturating_sub(self.used) as f64 - self.demand * since_report_s;
+        left <= self.demand * TOP_UP_LEAD_US as f64 / 1e6
+    }
+
+    /// What the Envoy holds of grants for the period ending at `period_end_us`, unspent as far
+    /// as its reports tell.
+    pub fn unspent(&self, period_end_us: u64) -> u64 {
+        match self.assigned {
+            Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
+                size.saturating_sub(self.used)
+            }
+            _ => 0,
+        }
+    }
+
     /// Tokens to ask for: the Envoy's demand over the horizon (or what is left of the period),
-    /// at most its share of what the counter has left by demand, at least one.
-    pub fn want(&self, now_us: u64, period_end_us: u64, fleet: Fleet) -> u64 {
-        let horizon_s = HORIZON_US.min(period_end_us.saturating_sub(now_us)) as f64 / 1e6;
+    /// at most its share of what the counter has left by demand, at least one. A bucket's
+    /// first grant, before any 5-second report says its demand, is at least the limit's rate
+    /// until the next report, so an Envoy under the limit is not denied while it waits for it.
+    pub fn want(&self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> u64 {
+        let left_us = period_end_us.saturating_sub(now_us);
+        // Plenty left: two reports' worth, so a top-up is rarely needed. Little left: just past
+        // the next report, so what an Envoy holds unspent when it is topped up is small.
+        let horizon_us = if self.plentiful(now_us, period_end_us, fleet) {
+            2 * ENVOY_REPORT_INTERVAL_US
+        } else {
+            ENVOY_REPORT_INTERVAL_US * 11 / 10
+        };
+        let horizon_s = horizon_us.min(left_us) as f64 / 1e6;
         let mut want = (self.demand * horizon_s).ceil();
+        if self.assigned == Assigned::Nothing {
+            let until_report_s = ENVOY_REPORT_INTERVAL_US.min(left_us) as f64 / 1e6;
+            want = want.max((rate * until_report_s).ceil());
+        }
         if let Some(remaining) = fleet.remaining {
             let share = self.demand / fleet.demand.max(self.demand).max(f64::MIN_POSITIVE);
             want = want.min((remaining as f64 * share).ceil());
@@ -286,29 +347,61 @@ impl Holding {
     /// The periodic check at `now_us`: a new period's grant at the boundary, and a renewal so
     /// that an assignment lasts to its period's end but never past it.
     pub fn on_tick(&mut self, now_us: u64, treatment: Treatment, fleet: Fleet) -> Step {
-        match (self.assigned, treatment) {
-            (Assigned::Tokens { until_us, .. }, Treatment::Limited { period_end_us })
-            | (Assigned::DenyAll { until_us, .. }, Treatment::Limited { period_end_us })
-                if until_us != period_end_us =>
-            {
-                self.grant_between_reports = true;
-                Step::Grant {
-                    want: self.want(now_us, period_end_us, fleet),
-                    until_us: period_end_us,
-                }
+        // The period the assignment belongs to (0: none, yet it should have one: reported but
+        // not granted, or allowed under rules that have changed since).
+        let current = match self.assigned {
+            Assigned::Tokens { until_us, .. } | Assigned::DenyAll { until_us, .. } => {
+                Some(until_us)
             }
-            (
-                Assigned::Tokens {
-                    until_us,
-                    expires_us,
-                    ..
-                }
-                | Assigned::DenyAll {
-                    until_us,
-                    expires_us,
-                },
-                _,
-            ) if expires_us < until_us && expires_us <= now_us + MICROS_PER_SECOND => {
+            Assigned::Nothing if self.last_report_us != 0 => Some(0),
+            Assigned::AllowAll { .. } => Some(0),
+            Assigned::Nothing => None,
+        };
+        if let (
+            Some(until_us),
+            Treatment::Limited {
+                period_end_us,
+                rate,
+            },
+        ) = (current, treatment)
+            && until_us != period_end_us
+        {
+            self.grant_between_reports = true;
+            return Step::Grant {
+                want: self.want(now_us, period_end_us, rate, fleet),
+                until_us: period_end_us,
+            };
+        }
+        if let (
+            Assigned::Tokens { until_us, .. },
+            Treatment::Limited {
+                period_end_us,
+                rate,
+            },
+        ) = (self.assigned, treatment)
+            && until_us == period_end_us
+            && self.demand > 0.0
+            && self.plentiful(now_us, period_end_us, fleet)
+            && self.runs_out_soon(now_us)
+        {
+            self.grant_between_reports = true;
+            return Step::Grant {
+                want: self.want(now_us, period_end_us, rate, fleet),
+                until_us: period_end_us,
+            };
+        }
+        match self.assigned {
+            Assigned::Tokens {
+                until_us,
+                expires_us,
+                ..
+            }
+            | Assigned::DenyAll {
+                until_us,
+                expires_us,
+            } if expires_us < until_us + TICK_SLACK_US
+                && expires_us <= now_us + MICROS_PER_SECOND =>
+            {
                 match ttl_seconds(now_us, until_us) {
                     Some(ttl_s) => Step::Renew { ttl_s },
                     None => Step::Nothing,

@@ -32,18 +32,59 @@ pub(super) fn spawn<S: Store>(
     peer: Option<SocketAddr>,
 ) -> impl Stream<Item = Outbound> + Send + 'static {
     let (out, responses) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let mut subscriber = Subscriber {
-            shared,
-            out,
-            domain: None,
-            buckets: HashMap::new(),
-        };
-        subscriber.run(inbound, peer).await;
-    });
+    tokio::spawn(serve(Session::new(shared), inbound, out, peer));
     futures_util::stream::unfold(responses, |mut responses| async move {
         responses.recv().await.map(|next| (next, responses))
     })
+}
+
+/// Runs a session on a stream: reports in, ticks on the second, actions out, until the Envoy
+/// goes, refuses itself out, or the server stops.
+async fn serve<S: Store>(
+    mut session: Session<S>,
+    mut inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
+    out: mpsc::Sender<Outbound>,
+    peer: Option<SocketAddr>,
+) {
+    tracing::info!(?peer, "RLQS stream opened");
+    let stopped = stopping(session.shared.stopped.clone());
+    tokio::pin!(stopped);
+    let mut ticker = session.ticker();
+    let send = |actions: Vec<BucketAction>| {
+        let out = out.clone();
+        async move {
+            if !actions.is_empty() {
+                let _ = out
+                    .send(Ok(RateLimitQuotaResponse {
+                        bucket_action: actions,
+                    }))
+                    .await;
+            }
+        }
+    };
+    let ended = loop {
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(reports)) => match session.report(reports).await {
+                    Ok(actions) => send(actions).await,
+                    Err(status) => {
+                        tracing::warn!(?peer, error = %status.message(), "RLQS stream refused");
+                        let _ = out.send(Err(status)).await;
+                        break "refused";
+                    }
+                },
+                Ok(None) => break "closed by the client",
+                Err(e) => {
+                    tracing::debug!(?peer, error = %e, "RLQS stream broke");
+                    break "broken";
+                }
+            },
+            _ = ticker.tick() => send(session.tick().await).await,
+            () = &mut stopped => break "server stopping",
+        }
+    };
+    drop(session);
+    tracing::info!(?peer, why = ended, "RLQS stream ended");
 }
 
 /// How the rules treat a bucket: what the explain tool prints and the stream acts on.
@@ -73,7 +114,14 @@ impl Resolved {
             Kind::Allow => Treatment::Allow,
             Kind::Shadow => Treatment::Shadow,
             Kind::Limited => match period_end_us(&self.limits, now_us) {
-                Some(period_end_us) => Treatment::Limited { period_end_us },
+                Some(period_end_us) => Treatment::Limited {
+                    period_end_us,
+                    rate: self
+                        .limits
+                        .iter()
+                        .map(|l| l.requests as f64 * 1e6 / l.period_us as f64)
+                        .fold(f64::INFINITY, f64::min),
+                },
                 None => Treatment::Allow,
             },
         }
@@ -152,9 +200,11 @@ struct Bucket {
     holding: Holding,
 }
 
-struct Subscriber<S> {
+/// One Envoy's stream without its transport: what it reported and holds, and the steps that
+/// answer reports and ticks. The gRPC stream runs one (`serve`); tests drive one by hand, with
+/// their own clock and no network. Dropping it takes its buckets out of the node's ledger.
+pub struct Session<S: Store> {
     shared: Arc<Shared<S>>,
-    out: mpsc::Sender<Outbound>,
     /// The stream's domain, from its first report.
     domain: Option<String>,
     /// By the bucket id's entries, sorted (the counter's id in the ledger too).
@@ -164,39 +214,16 @@ struct Subscriber<S> {
 /// A tick starts this long after the second, so a window that ends on the second has ended.
 const TICK_LAG: Duration = Duration::from_millis(5);
 
-impl<S: Store> Subscriber<S> {
-    async fn run(
-        &mut self,
-        mut inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
-        peer: Option<SocketAddr>,
-    ) {
-        self.observe(|o| o.stream_opened());
-        tracing::info!(?peer, "RLQS stream opened");
-        let stopped = stopping(self.shared.stopped.clone());
-        tokio::pin!(stopped);
-        let mut ticker = self.ticker();
-        let ended = loop {
-            tokio::select! {
-                message = inbound.message() => match message {
-                    Ok(Some(reports)) => {
-                        if let Err(status) = self.on_reports(reports).await {
-                            tracing::warn!(?peer, error = %status.message(), "RLQS stream refused");
-                            let _ = self.out.send(Err(status)).await;
-                            break "refused";
-                        }
-                    }
-                    Ok(None) => break "closed by the client",
-                    Err(e) => {
-                        tracing::debug!(?peer, error = %e, "RLQS stream broke");
-                        break "broken";
-                    }
-                },
-                _ = ticker.tick() => self.on_tick().await,
-                () = &mut stopped => break "server stopping",
-            }
-        };
-        self.close();
-        tracing::info!(?peer, why = ended, "RLQS stream ended");
+impl<S: Store> Session<S> {
+    pub(super) fn new(shared: Arc<Shared<S>>) -> Self {
+        if let Some(o) = &shared.observer {
+            o.stream_opened();
+        }
+        Self {
+            shared,
+            domain: None,
+            buckets: HashMap::new(),
+        }
     }
 
     /// Ticks on the second of the wall clock (plus a little), where windows end.
@@ -218,10 +245,12 @@ impl<S: Store> Subscriber<S> {
         }
     }
 
-    async fn on_reports(
+    /// Answers one message of reports: the actions to send back, or the error that ends the
+    /// stream (no domain, another domain, more buckets than a stream may hold).
+    pub async fn report(
         &mut self,
         reports: RateLimitQuotaUsageReports,
-    ) -> Result<(), tonic::Status> {
+    ) -> Result<Vec<BucketAction>, tonic::Status> {
         let shared = self.shared.clone();
         if reports.domain.is_empty() {
             self.observe(|o| o.refused(Refusal::NoDomain));
@@ -311,15 +340,18 @@ impl<S: Store> Subscriber<S> {
             refresh(&shared, bucket, &rules, &domain);
             let counter: CounterId = (domain.clone(), sorted(&bucket.id));
             let treatment = bucket.resolved.treatment(now);
-            if fresh && usage.elapsed_us == 0 && usage.allowed > 0 {
-                if let Treatment::Limited { .. } = treatment {
-                    // Admitted by the Envoy's no-assignment behaviour before any grant: counted,
-                    // so later grants leave room for it.
-                    charge(&shared, &domain, &bucket.resolved, usage.allowed).await;
-                }
+            if fresh
+                && usage.elapsed_us == 0
+                && usage.allowed > 0
+                && matches!(treatment, Treatment::Limited { .. })
+            {
+                // Admitted by the Envoy's no-assignment behaviour before any grant: counted,
+                // so later grants leave room for it.
+                charge(&shared, &domain, &bucket.resolved, usage.allowed).await;
             }
             let fleet = fleet_of(&shared, &counter, treatment);
             let before = bucket.holding.demand;
+            let held = Held::before(&bucket.holding, treatment);
             let step = bucket.holding.on_report(
                 usage,
                 now,
@@ -331,12 +363,14 @@ impl<S: Store> Subscriber<S> {
                 .ledger
                 .demand_changed(&counter, before, bucket.holding.demand);
             if step == Step::Abandon {
+                held.after(&shared, &counter, &Holding::default());
                 actions.push(wire::abandon(&bucket.id));
                 self.observe(|o| o.assigned(AssignmentKind::Abandon));
                 abandoned.push(counter.1);
                 continue;
             }
             execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
+            held.after(&shared, &counter, &bucket.holding);
         }
         for key in abandoned {
             self.forget(&key);
@@ -344,8 +378,7 @@ impl<S: Store> Subscriber<S> {
         if configured {
             self.observe(|o| o.reported(&domain, allowed, denied));
         }
-        self.send(actions).await;
-        Ok(())
+        Ok(actions)
     }
 
     /// Room for one more bucket on this stream and node.
@@ -372,17 +405,24 @@ impl<S: Store> Subscriber<S> {
     fn forget(&mut self, key: &Vec<(String, String)>) {
         if let Some(bucket) = self.buckets.remove(key) {
             let domain = self.domain.clone().unwrap_or_default();
-            self.shared
-                .ledger
-                .leave(&(domain, key.clone()), bucket.holding.demand);
+            let counter = (domain, key.clone());
+            if let Assigned::Tokens { until_us, .. } = bucket.holding.assigned {
+                let unspent = bucket.holding.unspent(until_us);
+                self.shared
+                    .ledger
+                    .held_changed(&counter, until_us, unspent, 0);
+            }
+            self.shared.ledger.leave(&counter, bucket.holding.demand);
             self.shared.ledger.buckets.fetch_sub(1, Ordering::Relaxed);
             self.observe(|o| o.buckets(-1));
         }
     }
 
-    async fn on_tick(&mut self) {
+    /// The periodic step (every second, on the second): new grants where a window ended,
+    /// renewals that carry an assignment to its window's end.
+    pub async fn tick(&mut self) -> Vec<BucketAction> {
         let Some(domain) = self.domain.clone() else {
-            return;
+            return Vec::new();
         };
         let shared = self.shared.clone();
         let rules = shared.engine.rules();
@@ -393,31 +433,45 @@ impl<S: Store> Subscriber<S> {
             let treatment = bucket.resolved.treatment(now);
             let counter: CounterId = (domain.clone(), key.clone());
             let fleet = fleet_of(&shared, &counter, treatment);
+            let held = Held::before(&bucket.holding, treatment);
             let step = bucket.holding.on_tick(now, treatment, fleet);
             execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
+            held.after(&shared, &counter, &bucket.holding);
         }
-        self.send(actions).await;
+        actions
     }
+}
 
-    async fn send(&self, actions: Vec<BucketAction>) {
-        if !actions.is_empty() {
-            let _ = self
-                .out
-                .send(Ok(RateLimitQuotaResponse {
-                    bucket_action: actions,
-                }))
-                .await;
-        }
-    }
-
-    /// The stream ended: its buckets leave the ledger. What the Envoy holds stays with it
-    /// until its time to live (at most the window it was charged to).
-    fn close(&mut self) {
+/// The stream ended: its buckets leave the ledger. What the Envoy holds stays with it until its
+/// time to live (at most the window it was charged to).
+impl<S: Store> Drop for Session<S> {
+    fn drop(&mut self) {
         let keys: Vec<_> = self.buckets.keys().cloned().collect();
         for key in keys {
             self.forget(&key);
         }
         self.observe(|o| o.stream_closed());
+    }
+}
+
+/// What an Envoy held unspent of a period's grants before a step, to tell the ledger the change.
+struct Held(Option<(u64, u64)>);
+
+impl Held {
+    fn before(holding: &Holding, treatment: Treatment) -> Self {
+        Self(match treatment {
+            Treatment::Limited { period_end_us, .. } => {
+                Some((period_end_us, holding.unspent(period_end_us)))
+            }
+            _ => None,
+        })
+    }
+
+    fn after<S: Store>(self, shared: &Shared<S>, counter: &CounterId, holding: &Holding) {
+        if let Some((period, before)) = self.0 {
+            let after = holding.unspent(period);
+            shared.ledger.held_changed(counter, period, before, after);
+        }
     }
 }
 
@@ -479,7 +533,7 @@ fn refresh<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, rules: &Arc<RuleSe
 
 fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatment) -> Fleet {
     match treatment {
-        Treatment::Limited { period_end_us } => shared.ledger.fleet(counter, period_end_us),
+        Treatment::Limited { period_end_us, .. } => shared.ledger.fleet(counter, period_end_us),
         _ => Fleet::default(),
     }
 }

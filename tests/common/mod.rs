@@ -255,6 +255,7 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
 }
 pub mod pki;
 pub mod redis;
+pub mod rlqs_envoy;
 pub mod xds;
 
 /// Waits (bounded) until a server process started by a test accepts connections.

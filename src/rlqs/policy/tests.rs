@@ -19,9 +19,11 @@ fn report(allowed: u64, denied: u64, elapsed_s: u64) -> Usage {
 
 const MINUTE_END: u64 = 1_000 * 60 * S;
 
+/// 1200 a minute.
 fn limited() -> Treatment {
     Treatment::Limited {
         period_end_us: MINUTE_END,
+        rate: 20.0,
     }
 }
 
@@ -51,44 +53,44 @@ fn a_period_ends_with_the_earliest_window_and_a_second_for_the_others() {
 }
 
 #[test]
-fn a_time_to_live_is_whole_seconds_ending_by_the_period_give_or_take_the_slack() {
+fn a_time_to_live_is_whole_seconds_lasting_past_the_period_end_by_the_slack() {
     let end = 100 * S;
-    assert_eq!(ttl_seconds(97 * S, end), Some(3));
-    assert_eq!(ttl_seconds(97 * S + 400_000, end), Some(2));
-    // A tick a few milliseconds late still renews to the window's end.
-    assert_eq!(ttl_seconds(99 * S + 5_000, end), Some(1));
-    assert_eq!(ttl_seconds(99 * S + TTL_SLACK_US + 1, end), None);
+    assert_eq!(ttl_seconds(97 * S, end), Some(4));
+    assert_eq!(ttl_seconds(97 * S + 400_000, end), Some(3));
+    assert_eq!(ttl_seconds(97 * S + 800_000, end), Some(3));
+    assert_eq!(ttl_seconds(99 * S + 5_000, end), Some(2));
+    assert_eq!(ttl_seconds(end - 1, end), Some(1));
     assert_eq!(ttl_seconds(end, end), None);
     assert_eq!(ttl_seconds(end + S, end), None);
 }
 
 #[test]
 fn a_first_report_gets_a_grant_sized_to_its_demand() {
-    let mut h = Holding::default();
-    let now = MINUTE_END - 30 * S;
-    // The request that made the bucket: one, as a second's demand, for two reports' time.
-    let step = h.on_report(report(1, 0, 0), now, limited(), Fleet::default(), 12);
+    let grant = |allowed: u64, now: u64| {
+        let mut h = Holding::default();
+        h.on_report(report(allowed, 0, 0), now, limited(), Fleet::default(), 12)
+    };
+    let until_us = MINUTE_END;
+    // The request that made the bucket says little of its demand: the first grant is the
+    // limit's rate (20/s) until the next report (5 s).
     assert_eq!(
-        step,
+        grant(1, MINUTE_END - 30 * S),
         Step::Grant {
-            want: 10,
-            until_us: MINUTE_END
+            want: 100,
+            until_us
         }
     );
     // Near the window's end, only what is left of it.
-    let mut h = Holding::default();
-    let step = h.on_report(
-        report(1, 0, 0),
-        MINUTE_END - 3 * S,
-        limited(),
-        Fleet::default(),
-        12,
-    );
     assert_eq!(
-        step,
+        grant(1, MINUTE_END - 3 * S),
+        Step::Grant { want: 60, until_us }
+    );
+    // A burst in the first report: its own rate, over two reports.
+    assert_eq!(
+        grant(50, MINUTE_END - 30 * S),
         Step::Grant {
-            want: 3,
-            until_us: MINUTE_END
+            want: 500,
+            until_us
         }
     );
 }
@@ -126,12 +128,30 @@ fn a_spent_grant_is_granted_again_and_a_lasting_one_is_left_alone() {
         h.on_report(report(50, 3, 5), now, limited(), Fleet::default(), 0),
         Step::Grant { .. }
     ));
-    // Plenty left in the counter: topped up before it would run out by the next report.
+    // Plenty left in the counter: 50 left at 10/s lasts past the next tick, so the ticks
+    // watch it, and top it up a tick and a half before it would run out.
     let mut h = holding_tokens(100, 10, now);
-    assert!(matches!(
+    assert_eq!(
         h.on_report(report(50, 0, 5), now, limited(), Fleet::default(), 0),
+        Step::Nothing
+    );
+    assert_eq!(
+        h.on_tick(now + 3 * S, limited(), Fleet::default()),
+        Step::Nothing
+    );
+    assert!(matches!(
+        h.on_tick(now + 4 * S, limited(), Fleet::default()),
         Step::Grant { .. }
     ));
+    // Little left in the counter: the ticks leave it alone.
+    let mut h = holding_tokens(100, 10, now);
+    let scarce = Fleet {
+        demand: 10.0,
+        remaining: Some(100),
+        held: 50,
+    };
+    h.on_report(report(50, 0, 5), now, limited(), scarce, 0);
+    assert_eq!(h.on_tick(now + 4 * S, limited(), scarce), Step::Nothing);
 }
 
 #[test]
@@ -141,6 +161,7 @@ fn when_little_is_left_a_grant_is_renewed_only_once_nearly_spent() {
     let scarce = Fleet {
         demand: 10.0,
         remaining: Some(300),
+        held: 0,
     };
     let mut h = holding_tokens(100, 10, now);
     assert_eq!(
@@ -170,15 +191,17 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
     let fleet = Fleet {
         demand: 60.0,
         remaining: Some(90),
+        held: 0,
     };
-    assert_eq!(h.want(now, MINUTE_END, fleet), 30);
-    assert_eq!(h.want(now, MINUTE_END, Fleet::default()), 200);
+    assert_eq!(h.want(now, MINUTE_END, 20.0, fleet), 30);
+    assert_eq!(h.want(now, MINUTE_END, 20.0, Fleet::default()), 200);
     // Nothing left still asks for one (the counter says no).
     let empty = Fleet {
         demand: 60.0,
         remaining: Some(0),
+        held: 0,
     };
-    assert_eq!(h.want(now, MINUTE_END, empty), 1);
+    assert_eq!(h.want(now, MINUTE_END, 20.0, empty), 1);
 }
 
 #[test]
@@ -186,17 +209,17 @@ fn the_window_end_brings_a_new_grant_and_renewals_stop_at_it() {
     let now = MINUTE_END - 3 * S - 400_000;
     let mut h = holding_tokens(100, 10, now);
     h.renewed(now, 2);
-    // Expires 1.4 s before the end; the first tick within a second of that renews it to the
-    // end, and then it is left alone.
+    // Expires 1.4 s before the end; the first tick within a second of that renews it to past
+    // the end (by the slack), and then it is left alone.
     assert_eq!(
         h.on_tick(MINUTE_END - 3 * S + 5_000, limited(), Fleet::default()),
         Step::Nothing
     );
     assert_eq!(
         h.on_tick(MINUTE_END - 2 * S + 5_000, limited(), Fleet::default()),
-        Step::Renew { ttl_s: 2 }
+        Step::Renew { ttl_s: 3 }
     );
-    h.renewed(MINUTE_END - 2 * S + 5_000, 2);
+    h.renewed(MINUTE_END - 2 * S + 5_000, 3);
     assert_eq!(
         h.on_tick(MINUTE_END - S + 5_000, limited(), Fleet::default()),
         Step::Nothing
@@ -204,6 +227,7 @@ fn the_window_end_brings_a_new_grant_and_renewals_stop_at_it() {
     // The next window: a new grant at once.
     let next = Treatment::Limited {
         period_end_us: MINUTE_END + 60 * S,
+        rate: 20.0,
     };
     assert_eq!(
         h.on_tick(MINUTE_END + 5_000, next, Fleet::default()),
@@ -220,6 +244,7 @@ fn the_report_after_a_grant_between_reports_counts_only_what_came_after_it() {
     let mut h = holding_tokens(100, 10, MINUTE_END - 2 * S);
     let next = Treatment::Limited {
         period_end_us: MINUTE_END + 60 * S,
+        rate: 20.0,
     };
     assert!(matches!(
         h.on_tick(now, next, Fleet::default()),
@@ -275,27 +300,37 @@ proptest! {
         left_us in any::<u64>(),
         remaining in proptest::option::of(any::<u64>()),
         fleet_demand in proptest::num::f64::POSITIVE | proptest::num::f64::ZERO,
+        rate in proptest::num::f64::POSITIVE | proptest::num::f64::ZERO,
     ) {
         let mut h = Holding::default();
         h.on_report(report(allowed, denied, elapsed_s), now, Treatment::Allow, Fleet::default(), 0);
         prop_assert!(h.demand.is_finite() && h.demand >= 0.0);
         let end = now.saturating_add(left_us);
-        let fleet = Fleet { demand: fleet_demand, remaining };
-        let want = h.want(now, end, fleet);
+        let fleet = Fleet { demand: fleet_demand, remaining, held: 0 };
+        let want = h.want(now, end, rate, fleet);
         prop_assert!((1..=MAX_GRANT).contains(&want));
         if let Some(r) = remaining.filter(|r| *r > 0) {
             prop_assert!(want <= r.max(1));
         }
     }
 
-    /// A renewal never lives past its period's end by more than the slack.
+    /// A time to live lasts past its period's end by the slack and less than a second more;
+    /// none once the period is over.
     #[test]
-    fn a_renewal_never_outlives_its_period(now in any::<u64>(), left in any::<u64>()) {
+    fn a_time_to_live_outlasts_its_period_by_the_slack_and_no_more(
+        now in any::<u64>(),
+        left in any::<u64>(),
+    ) {
         let until = now.saturating_add(left);
-        if let Some(ttl) = ttl_seconds(now, until) {
-            prop_assert!(ttl >= 1);
-            prop_assert!(u128::from(now) + u128::from(ttl) * u128::from(S)
-                <= u128::from(until) + u128::from(TTL_SLACK_US));
+        match ttl_seconds(now, until) {
+            Some(ttl) => {
+                let expires = u128::from(now) + u128::from(ttl) * u128::from(S);
+                prop_assert!(ttl >= 1);
+                let slack = u128::from(TICK_SLACK_US);
+                prop_assert!(expires >= u128::from(until) + slack);
+                prop_assert!(expires < u128::from(until) + slack + u128::from(S));
+            }
+            None => prop_assert!(until <= now),
         }
     }
 }

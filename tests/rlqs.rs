@@ -1,0 +1,652 @@
+//! The Rate Limit Quota Service against clients that behave as Envoy 1.40's `rate_limit_quota`
+//! filter does (`common::rlqs_envoy`), on one manual clock: each test runs sessions by hand
+//! (reports every 5 s, the server's tick on every second) and counts what the Envoys admitted
+//! in every window. One sluice node on memory, two on one real Redis; then the gRPC stream.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::S;
+use common::redis::{RedisServer, shared_config};
+use common::rlqs_envoy::{Blanket, FakeEnvoy};
+use sluice::clock::{Clock, ManualClock};
+use sluice::engine::{Descriptor, Engine, EngineSettings, Request};
+use sluice::proto::rlqs::{
+    BucketId, BucketQuotaUsage, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
+    bucket_action, rate_limit_strategy,
+};
+use sluice::rlqs::{QuotaOptions, QuotaService, Session};
+use sluice::rules::load_texts;
+use sluice::store::redis::Topology;
+use sluice::store::{Clocks, FailureMode, Stack, StoreConfig, build};
+use tokio::sync::watch;
+
+const MS: u64 = 1_000;
+/// A whole hour, so windows start on round numbers.
+const START: u64 = 1_800_000_000 * S;
+
+const RULES: &str = r#"
+domain: q
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: minute, requests_per_unit: 1200}
+  - key: route
+    value: tiers
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: hour, requests_per_unit: 300}
+  - key: route
+    value: free
+    rate_limit: {unlimited: true}
+  - key: route
+    value: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: route
+    value: sliding
+    rate_limit: {unit: minute, requests_per_unit: 600, algorithm: sliding_window}
+"#;
+
+struct Node {
+    service: QuotaService<Stack>,
+    engine: Arc<Engine<Stack>>,
+    _stop: watch::Sender<bool>,
+}
+
+fn node(store: &StoreConfig, clock: &Arc<ManualClock>, options: QuotaOptions) -> Node {
+    let (stack, _upkeep) = build(store).expect("the store builds");
+    let engine = Arc::new(Engine::new(
+        load_texts([("rules.yaml", RULES)]).unwrap(),
+        stack,
+        EngineSettings::default(),
+    ));
+    let (stop, stopped) = watch::channel(false);
+    Node {
+        service: QuotaService::new(engine.clone(), clock.clone(), options, None, stopped),
+        engine,
+        _stop: stop,
+    }
+}
+
+fn memory_node(clock: &Arc<ManualClock>) -> Node {
+    node(
+        &common::memory(clock, 100_000),
+        clock,
+        QuotaOptions::default(),
+    )
+}
+
+/// One Envoy in the simulation: its bucket cache, its stream's session, its demand.
+struct SimEnvoy {
+    envoy: FakeEnvoy,
+    session: Session<Stack>,
+    /// Requests per second for `bucket`.
+    rate: f64,
+    carry: f64,
+    bucket: Vec<(&'static str, &'static str)>,
+    /// When its next 5-second report goes.
+    next_report: u64,
+    admitted: u64,
+    denied: u64,
+}
+
+impl SimEnvoy {
+    fn new(node: &Node, rate: f64, bucket: &[(&'static str, &'static str)], start: u64) -> Self {
+        Self {
+            envoy: FakeEnvoy::new("q", Blanket::Allow),
+            session: node.service.session(),
+            rate,
+            carry: 0.0,
+            bucket: bucket.to_vec(),
+            next_report: start + 5 * S,
+            admitted: 0,
+            denied: 0,
+        }
+    }
+
+    async fn send(&mut self, reports: RateLimitQuotaUsageReports, now: u64) {
+        let actions = self
+            .session
+            .report(reports)
+            .await
+            .expect("reports accepted");
+        self.envoy.apply(&actions, now);
+    }
+}
+
+/// What the Envoys admitted in each window of `window_s`, by window start.
+#[derive(Default)]
+struct Tally {
+    window_s: u64,
+    admitted: BTreeMap<u64, u64>,
+}
+
+/// Runs the Envoys from the clock's time for `seconds`, in 10 ms steps: requests at each
+/// Envoy's rate, its reports every 5 s, the server's tick 10 ms after every second (a tick a
+/// little late, as a loaded node's would be).
+async fn run(clock: &ManualClock, envoys: &mut [SimEnvoy], seconds: u64, tally: &mut Tally) {
+    let end = clock.now_micros() + seconds * S;
+    let step = 10 * MS;
+    while clock.now_micros() < end {
+        let now = clock.now_micros();
+        if now % S == 10 * MS {
+            for e in envoys.iter_mut() {
+                let actions = e.session.tick().await;
+                e.envoy.apply(&actions, now);
+            }
+        }
+        for e in envoys.iter_mut() {
+            if now >= e.next_report {
+                e.next_report += 5 * S;
+                let reports = e.envoy.report(now);
+                e.send(reports, now).await;
+            }
+            e.carry += e.rate * step as f64 / S as f64;
+            while e.carry >= 1.0 {
+                e.carry -= 1.0;
+                let bucket = e.bucket.clone();
+                let (admitted, report) = e.envoy.request(&bucket, now);
+                if admitted {
+                    e.admitted += 1;
+                    let window = now / (tally.window_s * S) * tally.window_s;
+                    *tally.admitted.entry(window).or_default() += 1;
+                } else {
+                    e.denied += 1;
+                }
+                if let Some(report) = report {
+                    e.send(report, now).await;
+                }
+            }
+        }
+        clock.advance(step);
+    }
+}
+
+const API: &[(&str, &str)] = &[("route", "api")];
+
+/// Three Envoys with demand 60/30/10 above a limit of 1200 a minute (twice it): in every minute
+/// they admit at most the limit and at least nine tenths of it, in shares that follow demand.
+async fn above_the_limit(nodes: &[&Node], clock: &Arc<ManualClock>) -> (Tally, [u64; 3]) {
+    let start = clock.now_micros();
+    // 2400 a minute: 40/s.
+    let mut envoys = vec![
+        SimEnvoy::new(nodes[0], 24.0, API, start),
+        SimEnvoy::new(nodes[1 % nodes.len()], 12.0, API, start + 1_700 * MS),
+        SimEnvoy::new(nodes[0], 4.0, API, start + 3_300 * MS),
+    ];
+    let mut tally = Tally {
+        window_s: 60,
+        ..Tally::default()
+    };
+    run(clock, &mut envoys, 300, &mut tally).await;
+    let shares = [envoys[0].admitted, envoys[1].admitted, envoys[2].admitted];
+    (tally, shares)
+}
+
+fn assert_exact_and_full(tally: &Tally, limit: u64, shares: [u64; 3]) {
+    assert_eq!(
+        tally.admitted.len(),
+        5,
+        "five whole minutes: {:?}",
+        tally.admitted
+    );
+    for (window, admitted) in &tally.admitted {
+        assert!(
+            *admitted <= limit,
+            "minute {window}: {admitted} admitted, the limit is {limit}"
+        );
+        assert!(
+            *admitted * 10 >= limit * 9,
+            "minute {window}: only {admitted} of {limit} admitted"
+        );
+    }
+    // Shares follow demand (60/30/10), give or take.
+    let total: u64 = shares.iter().sum();
+    let share = |i: usize| shares[i] as f64 / total as f64;
+    assert!(
+        share(0) > 0.45 && share(1) > 0.2 && share(2) > 0.05,
+        "shares {shares:?}"
+    );
+    assert!(
+        share(0) > share(1) && share(1) > share(2),
+        "shares {shares:?}"
+    );
+}
+
+#[tokio::test]
+async fn three_envoys_above_the_limit_admit_at_most_it_and_nine_tenths_of_it() {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let (tally, shares) = above_the_limit(&[&node], &clock).await;
+    eprintln!(
+        "memory, one node: admitted per minute {:?}, by Envoy {shares:?}",
+        tally.admitted
+    );
+    assert_exact_and_full(&tally, 1200, shares);
+}
+
+#[tokio::test]
+async fn two_nodes_on_one_redis_hold_the_limit_together() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START));
+    let store = StoreConfig {
+        failure_mode: FailureMode::Error,
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
+    };
+    let a = node(&store, &clock, QuotaOptions::default());
+    let b = node(&store, &clock, QuotaOptions::default());
+    let (tally, shares) = above_the_limit(&[&a, &b], &clock).await;
+    eprintln!(
+        "Redis, two nodes: admitted per minute {:?}, by Envoy {shares:?}",
+        tally.admitted
+    );
+    assert_exact_and_full(&tally, 1200, shares);
+}
+
+/// Three Envoys sharing `load` of the limit (60/30/10): how many requests were denied, of how
+/// many, over three minutes; and every minute within the limit.
+async fn under_the_limit(load: f64) -> (u64, u64) {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let start = clock.now_micros();
+    let rate = 20.0 * load;
+    let mut envoys = vec![
+        SimEnvoy::new(&node, rate * 0.6, API, start),
+        SimEnvoy::new(&node, rate * 0.3, API, start + 2_100 * MS),
+        SimEnvoy::new(&node, rate * 0.1, API, start + 4_000 * MS),
+    ];
+    let mut tally = Tally {
+        window_s: 60,
+        ..Tally::default()
+    };
+    run(&clock, &mut envoys, 180, &mut tally).await;
+    assert!(
+        tally.admitted.values().all(|n| *n <= 1200),
+        "{:?}",
+        tally.admitted
+    );
+    let denied = envoys.iter().map(|e| e.denied).sum();
+    (
+        denied,
+        denied + envoys.iter().map(|e| e.admitted).sum::<u64>(),
+    )
+}
+
+#[tokio::test]
+async fn under_three_quarters_of_the_limit_nothing_is_denied() {
+    for load in [0.25, 0.5, 0.75] {
+        let (denied, of) = under_the_limit(load).await;
+        assert_eq!(denied, 0, "{denied} of {of} denied at {load} of the limit");
+    }
+}
+
+#[tokio::test]
+async fn near_the_limit_few_are_denied() {
+    // What top-ups leave unspent in the Envoys' buckets is charged: near the limit it runs out
+    // a little before the window ends (the README states the figure).
+    let (denied, of) = under_the_limit(0.9).await;
+    eprintln!("at 0.9 of the limit: {denied} of {of} denied");
+    assert!(
+        denied * 100 <= of * 3,
+        "{denied} of {of} denied at 0.9 of the limit"
+    );
+}
+
+#[tokio::test]
+async fn several_tiers_hold_together() {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let start = clock.now_micros();
+    let tiers: &[(&str, &str)] = &[("route", "tiers")];
+    let mut envoys = vec![
+        SimEnvoy::new(&node, 12.0, tiers, start),
+        SimEnvoy::new(&node, 8.0, tiers, start + 2_500 * MS),
+    ];
+    let mut seconds = Tally {
+        window_s: 1,
+        ..Tally::default()
+    };
+    run(&clock, &mut envoys, 120, &mut seconds).await;
+    // 10 a second, 300 an hour: the hour runs out after about half a minute.
+    for (second, n) in &seconds.admitted {
+        assert!(*n <= 10, "second {second}: {n} admitted");
+    }
+    let total: u64 = seconds.admitted.values().sum();
+    assert!(total <= 300, "{total} admitted in the hour");
+    assert!(total >= 250, "only {total} of 300 admitted");
+}
+
+#[tokio::test]
+async fn a_sliding_window_holds_over_any_minute_boundary() {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let start = clock.now_micros();
+    let sliding: &[(&str, &str)] = &[("route", "sliding")];
+    let mut envoys = vec![
+        SimEnvoy::new(&node, 15.0, sliding, start),
+        SimEnvoy::new(&node, 5.0, sliding, start + 1_000 * MS),
+    ];
+    let mut tally = Tally {
+        window_s: 60,
+        ..Tally::default()
+    };
+    run(&clock, &mut envoys, 240, &mut tally).await;
+    for (window, n) in &tally.admitted {
+        assert!(*n <= 600, "minute {window}: {n} admitted of 600");
+    }
+}
+
+#[tokio::test]
+async fn an_envoy_that_moves_to_another_node_keeps_the_fleet_within_the_limit() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START));
+    let store = StoreConfig {
+        failure_mode: FailureMode::Error,
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
+    };
+    let a = node(&store, &clock, QuotaOptions::default());
+    let b = node(&store, &clock, QuotaOptions::default());
+    let start = clock.now_micros();
+    let mut envoys = vec![
+        SimEnvoy::new(&a, 30.0, API, start),
+        SimEnvoy::new(&b, 10.0, API, start + 2_000 * MS),
+    ];
+    let mut tally = Tally {
+        window_s: 60,
+        ..Tally::default()
+    };
+    run(&clock, &mut envoys, 37, &mut tally).await;
+    // Node a goes away mid-window (a rollout): its Envoy's stream is gone, it keeps what it
+    // holds, and resubscribes on node b at its next report with every bucket.
+    envoys[0].session = b.service.session();
+    run(&clock, &mut envoys, 143, &mut tally).await;
+    for (window, n) in &tally.admitted {
+        assert!(*n <= 1200, "minute {window}: {n} admitted");
+    }
+    assert!(
+        tally.admitted.values().all(|n| *n * 10 >= 1200 * 8),
+        "{:?}",
+        tally.admitted
+    );
+    drop(a);
+}
+
+fn id(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+fn usage(entries: &[(&str, &str)], allowed: u64, denied: u64, elapsed_s: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(id(entries)),
+        time_elapsed: Some(prost_types::Duration {
+            seconds: elapsed_s,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+    }
+}
+
+fn reports(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.into(),
+        bucket_quota_usages: usages,
+    }
+}
+
+/// The strategies of `actions`, as short words: `allow`, `deny`, `tokens:N`, `abandon`.
+fn kinds(actions: &[sluice::proto::rlqs::BucketAction]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| match a.bucket_action.as_ref().unwrap() {
+            bucket_action::BucketAction::AbandonAction(_) => "abandon".to_owned(),
+            bucket_action::BucketAction::QuotaAssignmentAction(q) => {
+                let ttl = q.assignment_time_to_live.unwrap().seconds;
+                assert!(ttl >= 1, "every time to live is a whole second or more");
+                match q
+                    .rate_limit_strategy
+                    .as_ref()
+                    .unwrap()
+                    .strategy
+                    .as_ref()
+                    .unwrap()
+                {
+                    rate_limit_strategy::Strategy::BlanketRule(0) => "allow".to_owned(),
+                    rate_limit_strategy::Strategy::BlanketRule(_) => "deny".to_owned(),
+                    rate_limit_strategy::Strategy::TokenBucket(tb) => {
+                        format!("tokens:{}", tb.max_tokens)
+                    }
+                    other => panic!("Envoy 1.40 rejects {other:?}"),
+                }
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn unlimited_unmatched_and_unknown_are_allowed_and_shadow_rules_count() {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let mut session = node.service.session();
+    let answer = session
+        .report(reports(
+            "q",
+            vec![
+                usage(&[("route", "free")], 1, 0, 0),
+                usage(&[("route", "nowhere")], 1, 0, 0),
+                usage(&[("route", "api"), ("extra", "x")], 1, 0, 0),
+                usage(&[("route", "trial")], 3, 0, 0),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&answer), ["allow", "allow", "allow", "allow"]);
+    // The shadow rule counted the 3 its Envoy admitted (of 5 an hour).
+    let check = Request {
+        domain: "q".into(),
+        descriptors: vec![Descriptor::of(&[("route", "trial")], 0)],
+    };
+    let decision = node.engine.decide(&check).await.unwrap();
+    assert_eq!(decision.statuses[0].remaining, 2);
+    let mut other = node.service.session();
+    let answer = other
+        .report(reports(
+            "unknown",
+            vec![usage(&[("route", "api")], 1, 0, 0)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&answer), ["allow"]);
+}
+
+#[tokio::test]
+async fn a_grant_is_deny_all_then_the_bucket_and_nothing_left_is_deny_all() {
+    let clock = Arc::new(ManualClock::new(START + 30 * S));
+    let node = memory_node(&clock);
+    let mut session = node.service.session();
+    let answer = session
+        .report(reports("q", vec![usage(API, 1, 0, 0)]))
+        .await
+        .unwrap();
+    // The request the fallback admitted is charged, and a first grant of the limit's rate
+    // until the next report (20/s for 5 s) goes out, fresh.
+    assert_eq!(kinds(&answer), ["deny", "tokens:100"]);
+    let check = Request {
+        domain: "q".into(),
+        descriptors: vec![Descriptor::of(API, 0)],
+    };
+    let left = node.engine.decide(&check).await.unwrap().statuses[0].remaining;
+    assert_eq!(left, 1200 - 101);
+    // Time to live: to the minute's end (30 s) and the tick's slack past it, in whole seconds.
+    let ttl = match answer[1].bucket_action.as_ref().unwrap() {
+        bucket_action::BucketAction::QuotaAssignmentAction(q) => {
+            q.assignment_time_to_live.unwrap().seconds
+        }
+        _ => unreachable!(),
+    };
+    assert_eq!(ttl, 31);
+    // Someone else spends the rest through RLS; the Envoy runs out and asks again.
+    let spend = Request {
+        domain: "q".into(),
+        descriptors: vec![Descriptor::of(API, left)],
+    };
+    node.engine.decide(&spend).await.unwrap();
+    clock.advance(5 * S);
+    let answer = session
+        .report(reports("q", vec![usage(API, 100, 40, 5)]))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&answer), ["deny"]);
+    // The next minute's grant comes with the tick on its first second.
+    clock.set(START + 60 * S + 5 * MS);
+    let answer = session.tick().await;
+    assert!(matches!(kinds(&answer).as_slice(), [d, t] if d == "deny" && t.starts_with("tokens:")));
+}
+
+#[tokio::test]
+async fn hostile_reports_get_a_clear_answer_and_cost_nothing_else() {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = node(
+        &common::memory(&clock, 1_000),
+        &clock,
+        QuotaOptions {
+            max_buckets_per_stream: 5,
+            max_buckets: 6,
+            ..QuotaOptions::default()
+        },
+    );
+    let mut session = node.service.session();
+    let err = session.report(reports("", vec![])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("no domain"));
+    // Empty ids, counts past i64 and oversized ids are skipped; the good one is answered.
+    let long = "v".repeat(2_000);
+    let answer = session
+        .report(reports(
+            "q",
+            vec![
+                BucketQuotaUsage {
+                    bucket_id: Some(BucketId::default()),
+                    ..BucketQuotaUsage::default()
+                },
+                BucketQuotaUsage {
+                    bucket_id: None,
+                    ..BucketQuotaUsage::default()
+                },
+                usage(API, u64::MAX, 0, 5),
+                usage(&[("route", long.as_str())], 1, 0, 5),
+                usage(&[("route", "free")], 1, 0, 0),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(kinds(&answer), ["allow"]);
+    // Nothing was charged for the refused counts.
+    let check = Request {
+        domain: "q".into(),
+        descriptors: vec![Descriptor::of(API, 0)],
+    };
+    assert_eq!(
+        node.engine.decide(&check).await.unwrap().statuses[0].remaining,
+        1200
+    );
+    let err = session
+        .report(reports("other", vec![usage(API, 1, 0, 0)]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("one stream per domain"),
+        "{}",
+        err.message()
+    );
+    let many: Vec<_> = (0..6)
+        .map(|i| usage(&[("user", &format!("u{i}"))], 1, 0, 0))
+        .collect();
+    let err = session.report(reports("q", many)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    // The node holds at most six: a second stream gets five, and no more on this stream.
+    let mut second = node.service.session();
+    let users: Vec<String> = (0..5).map(|i| format!("u{i}")).collect();
+    let answer = second
+        .report(reports(
+            "q",
+            users
+                .iter()
+                .map(|u| usage(&[("user", u)], 1, 0, 0))
+                .collect(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(answer.len(), 5);
+    assert_eq!(node.service.buckets(), 6);
+    let answer = second
+        .report(reports("q", vec![usage(&[("user", "u9")], 1, 0, 0)]))
+        .await
+        .unwrap();
+    assert!(
+        answer.is_empty(),
+        "past the stream's bound a bucket gets nothing"
+    );
+    let mut third = node.service.session();
+    let answer = third
+        .report(reports("q", vec![usage(&[("user", "u7")], 1, 0, 0)]))
+        .await
+        .unwrap();
+    assert!(
+        answer.is_empty(),
+        "past the node's bound a bucket gets nothing"
+    );
+    drop(third);
+    drop(second);
+    drop(session);
+    assert_eq!(
+        node.service.buckets(),
+        0,
+        "a closed stream's buckets leave the node"
+    );
+}
+
+#[tokio::test]
+async fn the_stream_is_served_on_the_grpc_listener() {
+    let server = common::start(RULES, "none", EngineSettings::default()).await;
+    server.clock.set(START + 10 * S);
+    let mut client = RateLimitQuotaServiceClient::new(server.channel().await);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(reports("q", vec![usage(API, 1, 0, 0)]))
+        .await
+        .unwrap();
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    let first = inbound.message().await.unwrap().unwrap();
+    assert_eq!(kinds(&first.bucket_action), ["deny", "tokens:100"]);
+    let (_, metrics) = common::http_get(server.running.http_addr, "/metrics").await;
+    assert!(metrics.contains("sluice_rlqs_streams 1"), "{metrics}");
+    assert!(metrics.contains("sluice_rlqs_tokens_granted_total{domain=\"q\"} 100"));
+    // A report with no domain ends the stream with the reason.
+    tx.send(reports("", vec![])).await.unwrap();
+    let err = loop {
+        match inbound.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    server.running.stop().await.unwrap();
+}
