@@ -187,14 +187,20 @@ async fn run_envoy_at(
         admin: free_port(),
         rls,
     };
-    let (front, admin) = (ports.front, ports.admin);
+    let config = bootstrap(ports, domain, routes, rls_cluster);
+    run_envoy_config(&config, ports.front, ports.admin, name).await
+}
+
+/// Envoy on `config` (its listener on `front`, its admin on `admin`): validated, started, and
+/// ready (bounded wait).
+async fn run_envoy_config(config: &str, front: u16, admin: u16, name: &str) -> Envoy {
     let dir = temp_dir(name);
-    let config = dir.join("envoy.yaml");
-    std::fs::write(&config, bootstrap(ports, domain, routes, rls_cluster)).unwrap();
+    let path = dir.join("envoy.yaml");
+    std::fs::write(&path, config).unwrap();
     let envoy_bin = venv_tool("SLUICE_ENVOY", "envoy");
     let validate = std::process::Command::new(&envoy_bin)
         .args(["--mode", "validate", "-c"])
-        .arg(&config)
+        .arg(&path)
         .output()
         .expect("envoy runs");
     assert!(
@@ -205,7 +211,7 @@ async fn run_envoy_at(
 
     let child = std::process::Command::new(&envoy_bin)
         .arg("-c")
-        .arg(&config)
+        .arg(&path)
         .args([
             "--disable-hot-restart",
             "--log-level",
@@ -680,4 +686,234 @@ async fn as_envoy_gateways_rate_limit_deployment() {
     assert_eq!(user("alice").await, 200);
     drop(envoy);
     std::fs::remove_dir_all(&pki.dir).unwrap();
+}
+
+const RLQS_RULES: &str = r#"
+domain: rlqs
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 300}
+"#;
+const RLQS_WINDOW_S: u64 = 30;
+const RLQS_LIMIT: u64 = 300;
+
+/// Envoy with the `rate_limit_quota` filter, every request in the bucket `{route: api}` of
+/// domain `rlqs`, sluice's RLQS on loopback port `rlqs`; exact settings (deny with no
+/// assignment, nothing on expiry) as deploy/envoy/rlqs.yaml recommends.
+fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16) -> String {
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front_http
+          route_config:
+            virtual_hosts:
+            - name: front
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
+          http_filters:
+          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              rlqs_server: {{envoy_grpc: {{cluster_name: sluice}}}}
+              domain: rlqs
+              bucket_matchers:
+                on_no_match:
+                  action:
+                    name: rate_limit_quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                      bucket_id_builder:
+                        bucket_id_builder:
+                          route: {{string_value: api}}
+                      reporting_interval: 5s
+                      no_assignment_behavior:
+                        fallback_rate_limit: {{blanket_rule: DENY_ALL}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: sluice
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: sluice
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rlqs}}}}}}}}}]}}]
+"#
+    )
+}
+
+/// A sluice node on the wall clock serving `RLQS_RULES` from `store`.
+async fn rlqs_node(store: sluice::store::StoreConfig) -> sluice::server::Running {
+    let rules = sluice::rules::load_texts([("rules.yaml", RLQS_RULES)]).unwrap();
+    sluice::server::start(sluice::server::Config {
+        metrics: Some(std::sync::Arc::new(sluice::metrics::Metrics::new(0.8, 100))),
+        ..config(sluice::server::RulesSource::Given(rules), store)
+    })
+    .await
+    .expect("sluice starts")
+}
+
+fn unix_micros() -> u64 {
+    use sluice::clock::Clock;
+    sluice::clock::SystemClock.now_micros()
+}
+
+/// `rate` requests a second to `front` until `until` (Unix µs), on one kept-alive HTTP/1.1
+/// connection: each response's time and whether it was admitted.
+async fn rlqs_load(front: std::net::SocketAddr, rate: f64, until: u64) -> Vec<(u64, bool)> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut timer = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut connection = None;
+    let mut seen = Vec::new();
+    while unix_micros() < until {
+        timer.tick().await;
+        let stream = match connection.as_mut() {
+            Some(s) => s,
+            None => connection.insert(BufReader::new(
+                tokio::net::TcpStream::connect(front).await.unwrap(),
+            )),
+        };
+        stream
+            .get_mut()
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut status, mut length, mut close) = (0u16, 0usize, false);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            stream.read_line(&mut line).await.unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(code) = l.strip_prefix("HTTP/1.1 ") {
+                status = code[..3].parse().unwrap();
+            } else if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().unwrap();
+                } else if k.eq_ignore_ascii_case("connection") {
+                    close = v.trim().eq_ignore_ascii_case("close");
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.unwrap();
+        if close {
+            connection = None;
+        }
+        assert!(status == 200 || status == 429, "Envoy answered {status}");
+        seen.push((unix_micros(), status == 200));
+    }
+    seen
+}
+
+/// Three real Envoys, the i-th streaming to sluice on `grpc_ports[i]`, with demand 60/30/10
+/// of twice the limit, through two whole windows: what they admitted in each window.
+async fn rlqs_fleet(grpc_ports: [u16; 3], name: &str) -> std::collections::BTreeMap<u64, u64> {
+    let mut envoys = Vec::new();
+    for (i, rlqs) in grpc_ports.into_iter().enumerate() {
+        let (front, admin) = (free_port(), free_port());
+        let config = rlqs_bootstrap(front, admin, rlqs);
+        envoys.push(run_envoy_config(&config, front, admin, &format!("{name}-{i}")).await);
+    }
+    // Twice the limit: 20 a second over the three.
+    let limit_rate = RLQS_LIMIT as f64 / RLQS_WINDOW_S as f64;
+    let window = RLQS_WINDOW_S * 1_000_000;
+    let until = (unix_micros() / window + 3) * window;
+    let loads = envoys
+        .iter()
+        .zip([1.2, 0.6, 0.2])
+        .map(|(e, share)| tokio::spawn(rlqs_load(e.front, limit_rate * share, until)))
+        .collect::<Vec<_>>();
+    let mut admitted = std::collections::BTreeMap::new();
+    for load in loads {
+        let seen = load.await.unwrap();
+        eprintln!(
+            "{name}: an Envoy sent {} and got {} through",
+            seen.len(),
+            seen.iter().filter(|(_, ok)| *ok).count()
+        );
+        for (at, ok) in seen {
+            let counted = admitted.entry(at / window * RLQS_WINDOW_S).or_insert(0);
+            *counted += u64::from(ok);
+        }
+    }
+    admitted
+}
+
+fn assert_rlqs_windows(admitted: &std::collections::BTreeMap<u64, u64>, what: &str) {
+    eprintln!(
+        "{what}: admitted per {RLQS_WINDOW_S}-second window {admitted:?} (limit {RLQS_LIMIT})"
+    );
+    for (window, n) in admitted {
+        assert!(*n <= RLQS_LIMIT, "{what}: window {window} admitted {n}");
+    }
+    // The first and last windows are partial; the two between are whole.
+    let whole: Vec<u64> = admitted.values().copied().skip(1).take(2).collect();
+    assert_eq!(whole.len(), 2, "{what}: {admitted:?}");
+    for n in whole {
+        assert!(
+            n * 10 >= RLQS_LIMIT * 8,
+            "{what}: only {n} of {RLQS_LIMIT} admitted"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_on_rlqs_admit_at_most_the_limit() {
+    let node = rlqs_node(sluice::store::StoreConfig::new(
+        sluice::store::BackendConfig::Memory,
+    ))
+    .await;
+    let port = node.grpc_addr.port();
+    let admitted = rlqs_fleet([port, port, port], "rlqs-memory").await;
+    let (_, metrics) = http_get(node.http_addr, "/metrics").await;
+    let granted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"} "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    let admitted_total: u64 = admitted.values().sum();
+    assert!(
+        granted >= admitted_total,
+        "granted {granted}, admitted {admitted_total}"
+    );
+    node.stop().await.unwrap();
+    assert_rlqs_windows(&admitted, "one sluice node, memory");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_on_rlqs_with_two_sluice_nodes_sharing_redis_admit_at_most_the_limit() {
+    let redis = common::redis::RedisServer::start();
+    let store = || {
+        common::redis::shared_config(
+            sluice::store::redis::Topology::Standalone(redis.url()),
+            Duration::from_secs(2),
+        )
+    };
+    let (a, b) = (rlqs_node(store()).await, rlqs_node(store()).await);
+    let (pa, pb) = (a.grpc_addr.port(), b.grpc_addr.port());
+    let admitted = rlqs_fleet([pa, pb, pa], "rlqs-redis").await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    assert_rlqs_windows(&admitted, "two sluice nodes, one Redis");
 }
