@@ -1,7 +1,9 @@
 //! `sluice explain`: what the rules do with a request, without serving it — for each
 //! descriptor, the rule path that matched (or where matching stopped), the limits and their
 //! algorithms, `replaces`, and the counter's storage keys. The engine's own stages
-//! ([`engine::explain`]) produce all of it; this module only writes it down.
+//! ([`engine::explain`]) produce all of it; this module only writes it down. For an RLQS bucket
+//! id (a map, no order) it first shows the order the rules give its entries, and what the
+//! bucket is assigned ([`crate::rlqs::resolve`], as the service resolves it).
 
 use std::fmt::Write;
 
@@ -54,6 +56,76 @@ pub fn explain(
         let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(out, "descriptor {i}: {}", shown.join(", "));
         describe(&mut out, domain, &d.file, entries, x, redis_prefix);
+    }
+    out
+}
+
+/// What `rules` do with RLQS buckets of `domain`, each a map of entries: the order the rules
+/// give them, then the same story as a descriptor, and the assignment a bucket gets.
+pub fn explain_buckets(
+    rules: &RuleSet,
+    domain: &str,
+    buckets: &[Vec<(String, String)>],
+    redis_prefix: &str,
+) -> String {
+    let mut out = String::new();
+    for (i, entries) in buckets.iter().enumerate() {
+        let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "bucket {i}: {{{}}}", shown.join(", "));
+        let pairs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let resolved = match crate::rlqs::resolve(
+            rules,
+            domain,
+            &pairs,
+            false,
+            crate::counter::FailureMode::default(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = writeln!(out, "  the bucket is refused: {e}");
+                continue;
+            }
+        };
+        let Some(ordered) = &resolved.entries else {
+            let _ = writeln!(
+                out,
+                "  no rule of domain '{domain}' matches these entries in any order\n  assignment: ALLOW_ALL (renewed with each report)"
+            );
+            continue;
+        };
+        let shown: Vec<String> = ordered.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            out,
+            "  as a descriptor, in the rules' order: {}",
+            shown.join(", ")
+        );
+        for line in explain(rules, domain, std::slice::from_ref(ordered), redis_prefix)
+            .lines()
+            .skip(1)
+        {
+            let _ = writeln!(out, "  {line}");
+        }
+        let assignment = match resolved.kind {
+            crate::rlqs::Kind::Allow => "ALLOW_ALL (renewed with each report)".to_owned(),
+            crate::rlqs::Kind::Shadow => {
+                "ALLOW_ALL; what the Envoy reports it admitted is counted (shadow mode)".to_owned()
+            }
+            crate::rlqs::Kind::Limited => {
+                let windowed = resolved.limits.iter().all(|l| l.algorithm.leasable());
+                format!(
+                    "token buckets drawn from the limits above, {}",
+                    if windowed {
+                        "each lasting to the end of the first window to end"
+                    } else {
+                        "each lasting to the end of the current second (an algorithm here is not a window)"
+                    }
+                )
+            }
+        };
+        let _ = writeln!(out, "  assignment: {assignment}");
     }
     out
 }

@@ -49,6 +49,18 @@ descriptors:
   - key: route
     value: sliding
     rate_limit: {unit: minute, requests_per_unit: 600, algorithm: sliding_window}
+  - key: route
+    value: closed
+    failure_mode: deny
+    rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: route
+    value: open
+    failure_mode: allow
+    rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: route
+    value: local
+    failure_mode: local
+    rate_limit: {unit: minute, requests_per_unit: 600}
 "#;
 
 struct Node {
@@ -649,4 +661,41 @@ async fn the_stream_is_served_on_the_grpc_listener() {
     };
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     server.running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_redis_down_the_rules_failure_policy_becomes_the_assignment() {
+    let mut redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(START + 10 * S));
+    let store = StoreConfig {
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(1))
+    };
+    let node = node(&store, &clock, QuotaOptions::default());
+    let mut session = node.service.session();
+    let buckets = || {
+        vec![
+            usage(&[("route", "closed")], 1, 0, 0),
+            usage(&[("route", "open")], 1, 0, 0),
+            usage(&[("route", "local")], 1, 0, 0),
+        ]
+    };
+    // Redis up: grants for all three.
+    let answer = session.report(reports("q", buckets())).await.unwrap();
+    assert_eq!(
+        kinds(&answer),
+        [
+            "deny",
+            "tokens:50",
+            "deny",
+            "tokens:50",
+            "deny",
+            "tokens:50"
+        ]
+    );
+    redis.kill();
+    // A new stream's buckets, with Redis gone: deny, allow, and this node's own counters.
+    let mut other = node.service.session();
+    let answer = other.report(reports("q", buckets())).await.unwrap();
+    assert_eq!(kinds(&answer), ["deny", "allow", "deny", "tokens:50"]);
 }

@@ -73,8 +73,11 @@ pub enum Tool {
         #[arg(long)]
         domain: String,
         /// One descriptor's entries in order: k=v[,k=v...]. Repeat for several descriptors.
-        #[arg(long = "descriptor", required = true)]
+        #[arg(long = "descriptor", required_unless_present = "buckets")]
         descriptors: Vec<String>,
+        /// An RLQS bucket id's entries, in any order: k=v[,k=v...]. Repeat for several.
+        #[arg(long = "bucket", conflicts_with = "descriptors")]
+        buckets: Vec<String>,
         #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
         redis_key_prefix: String,
     },
@@ -157,8 +160,15 @@ impl Tool {
                 config,
                 domain,
                 descriptors,
+                buckets,
                 redis_key_prefix,
-            } => explain(&config, &domain, &descriptors, &redis_key_prefix, load),
+            } => explain(
+                &config,
+                &domain,
+                (&descriptors, &buckets),
+                &redis_key_prefix,
+                load,
+            ),
         }
     }
 }
@@ -222,10 +232,11 @@ fn probe(addr: SocketAddr) -> ExitCode {
     }
 }
 
+/// `explain` of `descriptors`, or of RLQS `buckets` when those are given.
 fn explain(
     config: &std::path::Path,
     domain: &str,
-    descriptors: &[String],
+    (descriptors, buckets): (&[String], &[String]),
     prefix: &str,
     load: LoadOptions,
 ) -> ExitCode {
@@ -236,20 +247,32 @@ fn explain(
             return ExitCode::FAILURE;
         }
     };
-    let parsed: Result<Vec<_>, _> = descriptors
+    let (given, flag) = if buckets.is_empty() {
+        (descriptors, "--descriptor")
+    } else {
+        (buckets, "--bucket")
+    };
+    let parsed: Result<Vec<_>, _> = given
         .iter()
         .map(|d| crate::explain::parse_descriptor(d))
         .collect();
     match parsed {
-        Ok(parsed) => {
+        Ok(parsed) if buckets.is_empty() => {
             print!(
                 "{}",
                 crate::explain::explain(&rules, domain, &parsed, prefix)
             );
             ExitCode::SUCCESS
         }
+        Ok(parsed) => {
+            print!(
+                "{}",
+                crate::explain::explain_buckets(&rules, domain, &parsed, prefix)
+            );
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("sluice: --descriptor {e}");
+            eprintln!("sluice: {flag} {e}");
             ExitCode::FAILURE
         }
     }
