@@ -310,3 +310,64 @@ async fn every_metric_the_dashboard_queries_exists() {
         .unwrap();
     assert!(!probe.success(), "nothing listens after stop");
 }
+
+/// The Istio RLQS filter patch is a filter the real Envoy accepts: it is put in a bootstrap with
+/// the cluster Istio would give sluice, and validated.
+#[test]
+fn the_istio_rlqs_filter_passes_envoy_validation() {
+    let docs = documents(&root().join("deploy/istio/envoyfilter-rlqs.yaml"));
+    assert_eq!(docs.len(), 1);
+    let patch = &docs[0]["spec"]["configPatches"][0];
+    assert_eq!(patch["patch"]["operation"], "INSERT_BEFORE");
+    let filter = serde_yaml::to_string(&patch["patch"]["value"]).unwrap();
+    let cluster = "outbound|8081||sluice.sluice.svc.cluster.local";
+    let indented: String = filter
+        .lines()
+        .map(|l| format!("            {l}\n"))
+        .collect();
+    let bootstrap = format!(
+        r#"
+static_resources:
+  listeners:
+  - name: gateway
+    address: {{socket_address: {{address: 127.0.0.1, port_value: 10000}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200}}}}]}}]}}
+          http_filters:
+          - {filter_start}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: "{cluster}"
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: "{cluster}"
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8081}}}}}}}}]}}]
+"#,
+        filter_start = indented.trim_start()
+    );
+    let dir = common::temp_dir("istio-rlqs");
+    let path = dir.join("envoy.yaml");
+    std::fs::write(&path, bootstrap).unwrap();
+    let out = std::process::Command::new(venv_tool("SLUICE_ENVOY", "envoy"))
+        .args(["--mode", "validate", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -435,6 +435,7 @@ async fn reflection_lists_and_describes_the_services() {
     assert_eq!(
         names,
         [
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
             "envoy.service.ratelimit.v3.RateLimitService",
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
