@@ -317,3 +317,82 @@ mod tests {
         assert_ne!(untagged[0], untagged[1]);
     }
 }
+
+/// `%`-encodes what a query value cannot carry as is.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~,=/*".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `sluice inspect`'s table of a `GET /counters` answer.
+pub fn counters_table(document: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    if document["decided_by"] == "failure_policy" {
+        let _ = writeln!(
+            out,
+            "the backend did not answer: these are the failure policy's numbers, not the counters'"
+        );
+    }
+    let descriptors = document["descriptors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, d) in descriptors.iter().enumerate() {
+        let entries: Vec<String> = d["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{}={}", text(&e["key"]), text(&e["value"])))
+            .collect();
+        let rule = match &d["rule"] {
+            serde_json::Value::String(r) => format!("rule {r}"),
+            _ => "no rule: not limited".to_owned(),
+        };
+        let _ = writeln!(out, "descriptor {i}: {} ({rule})", entries.join(", "));
+        let limits = d["limits"].as_array().cloned().unwrap_or_default();
+        if limits.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:<14} {:<14} {:>16} {:>10} {:>10} {:>10}",
+            "limit", "algorithm", "allows", "used", "remaining", "resets in"
+        );
+        for l in limits {
+            let allows = format!(
+                "{}/{}{}",
+                text(&l["requests_per_unit"]),
+                if l["unit_multiplier"] == 1 {
+                    String::new()
+                } else {
+                    format!("{} ", text(&l["unit_multiplier"]))
+                },
+                text(&l["unit"]).to_lowercase()
+            );
+            let over = if l["over_limit"] == true { " OVER" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {:<14} {:<14} {:>16} {:>10} {:>10} {:>9.1}s{over}",
+                text(&l["name"]),
+                text(&l["algorithm"]),
+                allows,
+                text(&l["used"]),
+                text(&l["remaining"]),
+                l["reset_seconds"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    out
+}

@@ -455,3 +455,74 @@ async fn unhealthy_until_redis_is_reached() {
     common::wait_healthy(addr).await;
     assert_eq!(common::http_get(addr, "/readyz").await.0, 200);
 }
+
+#[tokio::test]
+async fn inspect_prints_what_each_limit_has_left_without_spending() {
+    let dir = common::temp_dir("inspect");
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5, name: hourly}\n      - {unit: day, requests_per_unit: 50, name: daily}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let _child = serve(
+        &dir,
+        http,
+        &[
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--drain-delay",
+            "0s",
+        ],
+    );
+    let mut client = healthy_client(http, grpc).await;
+    for _ in 0..2 {
+        client
+            .should_rate_limit(common::request(
+                "a",
+                vec![common::descriptor(&[("k", "secret-key-1")])],
+            ))
+            .await
+            .unwrap();
+    }
+    let inspect = || {
+        sluice()
+            .args(["inspect", "--http-addr", &format!("127.0.0.1:{http}")])
+            .args(["--domain", "a", "--descriptor", "k=secret-key-1"])
+            .output()
+            .unwrap()
+    };
+    let first = inspect();
+    let table = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(
+        first.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    // The value is masked; each limit shows used and remaining.
+    assert!(
+        table.contains("k=secr…#") && !table.contains("secret-key-1"),
+        "{table}"
+    );
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row in {table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row("hourly")[2..5], ["5/hour", "2", "3"]);
+    assert_eq!(row("daily")[2..5], ["50/day", "2", "48"]);
+    // Looking spent nothing.
+    assert_eq!(String::from_utf8_lossy(&inspect().stdout), table);
+    // A domain that is not configured: the reason, and a failure.
+    let out = sluice()
+        .args(["inspect", "--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--domain", "nope", "--descriptor", "k=v"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("domain 'nope' is not configured"));
+}

@@ -422,3 +422,35 @@ async fn a_node_stopped_with_sigterm_gives_its_leases_back() {
     assert_eq!(counted(), admitted, "the leftover went back on shutdown");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `GET /counters`' read on Redis: a hybrid counter shows what the fleet's leases took as used
+/// (they are charged up front), reading spends nothing, and a counter never used gets no key.
+#[tokio::test]
+async fn a_peek_reads_redis_with_leases_as_used_and_writes_nothing() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let topology = Topology::Standalone(redis.url());
+    let node = node(&topology, &clock, RULES);
+    for _ in 0..5 {
+        assert_eq!(node.decide(&hit("minute")).await.unwrap().code, Code::Ok);
+    }
+    let peek_of = |value: &str| Request {
+        domain: "h".into(),
+        descriptors: vec![Descriptor::of(&[("minute", value)], 0)],
+    };
+    let keys_before = redis.cli(&["DBSIZE"]);
+    let first = node.peek(&peek_of("hot")).await.unwrap();
+    let (_, limits) = &first.descriptors[0];
+    let remaining = limits[0].1.remaining;
+    // Five admitted, and whatever this node's lease took beyond them, are used in Redis.
+    assert!(remaining <= 95, "{remaining} left of 100 after 5 hits");
+    assert!(!first.by_policy);
+    let again = node.peek(&peek_of("hot")).await.unwrap();
+    assert_eq!(
+        again.descriptors[0].1[0].1.remaining, remaining,
+        "a peek spends nothing"
+    );
+    let never = node.peek(&peek_of("cold")).await.unwrap();
+    assert_eq!(never.descriptors[0].1[0].1.remaining, 100);
+    assert_eq!(redis.cli(&["DBSIZE"]), keys_before, "a peek writes no key");
+}

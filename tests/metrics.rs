@@ -178,3 +178,66 @@ descriptors:
     );
     server.running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn counters_reads_without_spending_and_refuses_hostile_queries() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(request("m", vec![descriptor(&[("k", "sk-123456")])]))
+            .await
+            .unwrap();
+    }
+    let addr = server.running.http_addr;
+    let get = |q: String| async move { http_get(addr, &format!("/counters?{q}")).await };
+    for _ in 0..2 {
+        let (code, body) = get("domain=m&descriptor=k=sk-123456".into()).await;
+        assert_eq!(code, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let limit = &doc["descriptors"][0]["limits"][0];
+        assert_eq!(
+            (limit["used"].as_u64(), limit["remaining"].as_u64()),
+            (Some(3), Some(7))
+        );
+        assert_eq!(doc["descriptors"][0]["rule"], "k");
+        assert_eq!(doc["decided_by"], "backend");
+        assert!(!body.contains("sk-123456"), "values are masked: {body}");
+    }
+    // A counter never used stays absent: a probe takes no room.
+    let keys = server.running.upkeep().report().keys_in_memory;
+    let (code, _) = get("domain=m&descriptor=k=never-seen".into()).await;
+    assert_eq!(code, 200);
+    assert_eq!(server.running.upkeep().report().keys_in_memory, keys);
+    // Hostile queries: a reason, 400, nothing else.
+    let many = (0..65)
+        .map(|i| format!("descriptor=k={i}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let huge = "v".repeat(2000);
+    for (query, reason) in [
+        ("domain=nope&descriptor=k=v".to_owned(), "not configured"),
+        (format!("domain=m&{many}"), "descriptors; the limit is 64"),
+        (
+            format!("domain=m&descriptor=k={huge}"),
+            "longer than 1024 bytes",
+        ),
+        ("domain=m&descriptor=%zz".to_owned(), "percent-encoding"),
+        (
+            "domain=m&hits=9&descriptor=k=v".to_owned(),
+            "not a query parameter",
+        ),
+        ("domain=m".to_owned(), "no descriptor"),
+    ] {
+        let (code, body) = get(query.clone()).await;
+        assert_eq!(code, 400, "{query}: {body}");
+        assert!(body.contains(reason), "{query}: {body}");
+    }
+    // What was spent is still what RLS sees.
+    let answer = client
+        .should_rate_limit(request("m", vec![descriptor(&[("k", "sk-123456")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.statuses[0].limit_remaining, 6);
+}

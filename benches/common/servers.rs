@@ -27,6 +27,7 @@ pub async fn serve_sluice(rules: &str, store: StoreConfig) -> SocketAddr {
         headers: HeaderSet::parse("retry-after,draft03").unwrap(),
         json: false,
         dynamic_metadata: false,
+        show_descriptor_values: false,
         metrics: Some(Arc::new(Metrics::new(0.8, 10_000))),
         sweep_every: Duration::from_secs(5),
         drain_delay: Duration::ZERO,

@@ -1,8 +1,10 @@
 //! The HTTP side: `GET /healthcheck` (the reference's probe), `/livez` and `/readyz`
 //! (Kubernetes), `GET /metrics` (Prometheus), `GET /rlconfig` (the loaded rules, one line each),
-//! `GET /config` (what the last reloads did) and, when asked for, `POST /json` (a rate-limit
-//! call as JSON). Readiness is [`crate::readiness`]'s: this module only renders it.
+//! `GET /config` (what the last reloads did), `GET /counters` (what limits have left, read
+//! without spending) and, when asked for, `POST /json` (a rate-limit call as JSON). Readiness
+//! is [`crate::readiness`]'s: this module only renders it.
 
+pub mod counters;
 pub mod json;
 
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub struct AdminState<S> {
     /// Serve `POST /json`. Off by default: it decides on the same counters as Envoy's calls, so
     /// whoever reaches the HTTP port could spend any client's quota through it.
     pub json: bool,
+    /// How descriptor values are shown (`/counters`).
+    pub reveal: counters::Reveal,
 }
 
 pub fn router<S: Store>(state: AdminState<S>) -> Router {
@@ -48,6 +52,7 @@ pub fn router<S: Store>(state: AdminState<S>) -> Router {
     router
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
+        .route("/counters", get(counters_answer::<S>))
         .route("/metrics", get(metrics::<S>))
         .with_state(Arc::new(state))
 }
@@ -75,6 +80,21 @@ pub fn reference_metrics(metrics: Arc<crate::metrics::Metrics>, path: &str) -> R
             }
         }),
     )
+}
+
+/// `GET /counters`: see [`counters`].
+async fn counters_answer<S: Store>(
+    State(state): State<Arc<AdminState<S>>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let query = query.unwrap_or_default();
+    match counters::answer(state.service.engine(), &query, state.reveal).await {
+        Ok(document) => axum::Json(document).into_response(),
+        Err(Ok(refused)) => (StatusCode::BAD_REQUEST, format!("{refused}\n")).into_response(),
+        Err(Err(failed)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{failed}\n")).into_response()
+        }
+    }
 }
 
 /// One line per limit, like the reference service's `/rlconfig`, plus the algorithm. A rule

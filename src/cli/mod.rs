@@ -63,6 +63,17 @@ pub enum Tool {
         #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
         http_addr: SocketAddr,
     },
+    /// Show what each limit a descriptor touches has used and has left on a running sluice
+    /// (its `GET /counters`), without spending anything.
+    Inspect {
+        #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: SocketAddr,
+        #[arg(long)]
+        domain: String,
+        /// One descriptor's entries in order: k=v[,k=v...]. Repeat for several descriptors.
+        #[arg(long = "descriptor", required = true)]
+        descriptors: Vec<String>,
+    },
     /// Print the JSON Schema of rules files (config/sluice-rules.schema.json is this output).
     Schema,
     /// Show what the rules do with a request: the matched rule path (or where matching stopped),
@@ -149,6 +160,11 @@ impl Tool {
         match self {
             Tool::Validate { path } => validate(&path, load),
             Tool::Probe { http_addr } => probe(http_addr),
+            Tool::Inspect {
+                http_addr,
+                domain,
+                descriptors,
+            } => inspect(http_addr, &domain, &descriptors),
             Tool::Schema => {
                 println!(
                     "{}",
@@ -227,6 +243,56 @@ fn probe(addr: SocketAddr) -> ExitCode {
         }
         Err(e) => {
             eprintln!("sluice: {addr}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `inspect`: asks a running sluice's `/counters` and prints the answer as a table.
+fn inspect(addr: SocketAddr, domain: &str, descriptors: &[String]) -> ExitCode {
+    use std::io::{Read, Write};
+    let addr = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let mut query = format!("domain={}", crate::explain::percent_encode(domain));
+    for d in descriptors {
+        query.push_str(&format!(
+            "&descriptor={}",
+            crate::explain::percent_encode(d)
+        ));
+    }
+    let response = (|| -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /counters?{query} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })();
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sluice: {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if head.get(9..12) != Some("200") {
+        eprintln!("sluice: {addr} answered: {}", body.trim());
+        return ExitCode::FAILURE;
+    }
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(document) => {
+            print!("{}", crate::explain::counters_table(&document));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: {addr} answered what is not /counters JSON: {e}");
             ExitCode::FAILURE
         }
     }

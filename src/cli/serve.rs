@@ -173,6 +173,10 @@ pub struct ServeArgs {
     /// beyond it they are counted under rule="_other_".
     #[arg(long, env = "SLUICE_METRICS_MAX_SERIES", default_value_t = 10_000)]
     metrics_max_series: usize,
+    /// Show descriptor values whole in `GET /counters` (by default a value is its first four
+    /// characters and a short hash: values can be API keys or addresses).
+    #[arg(long, env = "SLUICE_SHOW_DESCRIPTOR_VALUES")]
+    show_descriptor_values: bool,
     /// Serve `POST /json` on the HTTP port: a rate-limit call as JSON. It decides on the same
     /// counters as Envoy's calls, so anyone who reaches the port can spend any client's quota.
     #[arg(long, env = "SLUICE_JSON_ENDPOINT")]
@@ -373,6 +377,7 @@ impl ServeArgs {
             headers,
             json: self.json_endpoint,
             dynamic_metadata: self.response_dynamic_metadata,
+            show_descriptor_values: self.show_descriptor_values,
             metrics: Some(metrics),
             sweep_every: SWEEP_EVERY,
             drain_delay: self.drain_delay,

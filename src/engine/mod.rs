@@ -576,6 +576,65 @@ pub fn explain<'r>(
     })
 }
 
+/// What each limit of a request's descriptors has left, read without spending (`GET /counters`).
+#[derive(Debug)]
+pub struct Peek {
+    /// One per request descriptor: the matched rule's path and each limit checked, with what the
+    /// store says of its counter.
+    pub descriptors: Vec<(Option<String>, Vec<(Tier, Verdict)>)>,
+    /// The backend could not answer: the verdicts are the failure policy's, not the counters'.
+    pub by_policy: bool,
+}
+
+impl<S: Store> Engine<S> {
+    /// Reads every limit `request`'s descriptors would be checked against, spending nothing: each
+    /// counter is asked for zero hits, strictly (a node's leases are already charged to the
+    /// shared counter), one check per limit, and a counter that does not exist stays absent.
+    pub async fn peek(&self, request: &Request) -> Result<Peek, EngineError> {
+        self.settings.bounds.check(request)?;
+        let rules = self.rules();
+        let explanation = explain(&rules, request)?;
+        let mut owned = Vec::new();
+        for (i, d) in explanation.descriptors.iter().enumerate() {
+            for c in d.checks.iter().filter(|c| !c.replaced) {
+                owned.push((i, c.tier.clone(), c.key.clone(), c.tag.clone()));
+            }
+        }
+        let checks: Vec<Check<'_>> = owned
+            .iter()
+            .map(|(_, tier, key, tag)| Check {
+                tag,
+                mode: Some(crate::counter::Mode::Strict),
+                ..Check::enforce(key, &tier.limit, 0)
+            })
+            .collect();
+        let outcome = if checks.is_empty() {
+            Outcome::default()
+        } else {
+            self.store.apply(&checks).await?
+        };
+        let mut descriptors: Vec<(Option<String>, Vec<(Tier, Verdict)>)> = explanation
+            .descriptors
+            .iter()
+            .map(|d| (d.rule.map(|r| r.path.clone()), Vec::new()))
+            .collect();
+        for ((i, tier, _, _), verdict) in owned.iter().zip(&outcome.verdicts) {
+            descriptors[*i].1.push((tier.clone(), *verdict));
+        }
+        if explanation.domain.is_none() {
+            descriptors = request
+                .descriptors
+                .iter()
+                .map(|_| (None, Vec::new()))
+                .collect();
+        }
+        Ok(Peek {
+            descriptors,
+            by_policy: outcome.by_policy,
+        })
+    }
+}
+
 /// A status per descriptor from the store's verdicts: the denying tier (the one that waits
 /// longest), else the tier with the least remaining.
 fn report(

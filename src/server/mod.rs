@@ -65,6 +65,8 @@ pub struct Config {
     pub json: bool,
     /// Answers carry `dynamic_metadata` (`--response-dynamic-metadata`).
     pub dynamic_metadata: bool,
+    /// `/counters` shows descriptor values whole (`--show-descriptor-values`), not masked.
+    pub show_descriptor_values: bool,
     /// Records calls and serves `/metrics`; None for no metrics. The store's backend calls are
     /// reported to it too.
     pub metrics: Option<Arc<Metrics>>,
@@ -210,6 +212,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         upkeep: upkeep.clone(),
         reloader: rules.reloader(),
         json: config.json,
+        reveal: if config.show_descriptor_values {
+            crate::admin::counters::Reveal::Whole
+        } else {
+            crate::admin::counters::Reveal::Masked
+        },
     });
     let http = axum::serve(http_listener, admin).with_graceful_shutdown(stopped_signal(&stopped));
     tasks.push(tokio::spawn(

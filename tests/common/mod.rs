@@ -102,6 +102,7 @@ pub fn config(rules: RulesSource, store: StoreConfig) -> Config {
         headers: HeaderSet::parse("none").unwrap(),
         json: false,
         dynamic_metadata: false,
+        show_descriptor_values: false,
         metrics: None,
         sweep_every: Duration::from_secs(3600),
         drain_delay: Duration::ZERO,
