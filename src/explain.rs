@@ -248,76 +248,6 @@ fn describe(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::load_texts;
-
-    #[test]
-    fn explains_matches_misses_and_keys() {
-        let rules = load_texts([(
-            "edge.yaml",
-            "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5, name: per_ip}\n  - key: path\n    value: /v1/*\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: gcra, burst: 3, replaces: [{name: per_ip}]}\n",
-        )])
-        .unwrap();
-        let text = explain(
-            &rules,
-            "edge",
-            &[
-                parse_descriptor("ip=10.0.0.1").unwrap(),
-                parse_descriptor("path=/v1/x").unwrap(),
-                parse_descriptor("user=u").unwrap(),
-            ],
-            "sluice:",
-        );
-        assert!(text.contains("descriptor 0: ip=10.0.0.1\n  matched ip: any value\n  rule: edge.ip (file edge.yaml)"), "{text}");
-        assert!(text.contains("limit 'per_ip': 5 per SECOND, fixed_window — replaced by another descriptor's limit"), "{text}");
-        assert!(
-            text.contains("    counter: 4:edgev2:ip8:10.0.0.1#11*1\n    redis key: sluice:{"),
-            "{text}"
-        );
-        assert!(text.contains("matched path: wildcard '/v1/*'"), "{text}");
-        assert!(
-            text.contains("limit: 9 per MINUTE, gcra, burst 3"),
-            "{text}"
-        );
-        assert!(
-            text.contains("descriptor 2: user=u\n  no limit: no rule for user=u at level 1"),
-            "{text}"
-        );
-        assert!(
-            explain(&rules, "other", &[], "s:").starts_with("domain 'other' is not configured")
-        );
-        assert!(parse_descriptor("novalue").is_err());
-    }
-
-    #[test]
-    fn hash_tag_puts_a_tenants_descriptors_in_one_slot() {
-        let rules = load_texts([(
-            "t.yaml",
-            "domain: t\ndescriptors:\n  - key: tenant\n    hash_tag: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        hash_tag: tenant\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
-        )])
-        .unwrap();
-        let slots = |a: &str, b: &str| -> Vec<String> {
-            let text = explain(
-                &rules,
-                "t",
-                &[parse_descriptor(a).unwrap(), parse_descriptor(b).unwrap()],
-                "s:",
-            );
-            text.lines()
-                .filter_map(|l| l.split_once("(slot ").map(|(_, s)| s.to_owned()))
-                .collect()
-        };
-        let tagged = slots("tenant=acme", "tenant=acme,path=/a");
-        assert_eq!(tagged.len(), 2);
-        assert_eq!(tagged[0], tagged[1], "one slot: both decided by one script");
-        // Without hash_tag each descriptor has its own tag (these two differ).
-        let untagged = slots("user=acme", "user=acme,path=/a");
-        assert_ne!(untagged[0], untagged[1]);
-    }
-}
-
 /// `%`-encodes what a query value cannot carry as is.
 pub fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -395,4 +325,74 @@ pub fn counters_table(document: &serde_json::Value) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::load_texts;
+
+    #[test]
+    fn explains_matches_misses_and_keys() {
+        let rules = load_texts([(
+            "edge.yaml",
+            "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5, name: per_ip}\n  - key: path\n    value: /v1/*\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: gcra, burst: 3, replaces: [{name: per_ip}]}\n",
+        )])
+        .unwrap();
+        let text = explain(
+            &rules,
+            "edge",
+            &[
+                parse_descriptor("ip=10.0.0.1").unwrap(),
+                parse_descriptor("path=/v1/x").unwrap(),
+                parse_descriptor("user=u").unwrap(),
+            ],
+            "sluice:",
+        );
+        assert!(text.contains("descriptor 0: ip=10.0.0.1\n  matched ip: any value\n  rule: edge.ip (file edge.yaml)"), "{text}");
+        assert!(text.contains("limit 'per_ip': 5 per SECOND, fixed_window — replaced by another descriptor's limit"), "{text}");
+        assert!(
+            text.contains("    counter: 4:edgev2:ip8:10.0.0.1#11*1\n    redis key: sluice:{"),
+            "{text}"
+        );
+        assert!(text.contains("matched path: wildcard '/v1/*'"), "{text}");
+        assert!(
+            text.contains("limit: 9 per MINUTE, gcra, burst 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("descriptor 2: user=u\n  no limit: no rule for user=u at level 1"),
+            "{text}"
+        );
+        assert!(
+            explain(&rules, "other", &[], "s:").starts_with("domain 'other' is not configured")
+        );
+        assert!(parse_descriptor("novalue").is_err());
+    }
+
+    #[test]
+    fn hash_tag_puts_a_tenants_descriptors_in_one_slot() {
+        let rules = load_texts([(
+            "t.yaml",
+            "domain: t\ndescriptors:\n  - key: tenant\n    hash_tag: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        hash_tag: tenant\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )])
+        .unwrap();
+        let slots = |a: &str, b: &str| -> Vec<String> {
+            let text = explain(
+                &rules,
+                "t",
+                &[parse_descriptor(a).unwrap(), parse_descriptor(b).unwrap()],
+                "s:",
+            );
+            text.lines()
+                .filter_map(|l| l.split_once("(slot ").map(|(_, s)| s.to_owned()))
+                .collect()
+        };
+        let tagged = slots("tenant=acme", "tenant=acme,path=/a");
+        assert_eq!(tagged.len(), 2);
+        assert_eq!(tagged[0], tagged[1], "one slot: both decided by one script");
+        // Without hash_tag each descriptor has its own tag (these two differ).
+        let untagged = slots("user=acme", "user=acme,path=/a");
+        assert_ne!(untagged[0], untagged[1]);
+    }
 }

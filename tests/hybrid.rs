@@ -440,17 +440,17 @@ async fn a_peek_reads_redis_with_leases_as_used_and_writes_nothing() {
     };
     let keys_before = redis.cli(&["DBSIZE"]);
     let first = node.peek(&peek_of("hot")).await.unwrap();
-    let (_, limits) = &first.descriptors[0];
+    let limits = &first.descriptors[0].limits;
     let remaining = limits[0].1.remaining;
     // Five admitted, and whatever this node's lease took beyond them, are used in Redis.
     assert!(remaining <= 95, "{remaining} left of 100 after 5 hits");
     assert!(!first.by_policy);
     let again = node.peek(&peek_of("hot")).await.unwrap();
     assert_eq!(
-        again.descriptors[0].1[0].1.remaining, remaining,
+        again.descriptors[0].limits[0].1.remaining, remaining,
         "a peek spends nothing"
     );
     let never = node.peek(&peek_of("cold")).await.unwrap();
-    assert_eq!(never.descriptors[0].1[0].1.remaining, 100);
+    assert_eq!(never.descriptors[0].limits[0].1.remaining, 100);
     assert_eq!(redis.cli(&["DBSIZE"]), keys_before, "a peek writes no key");
 }

@@ -140,7 +140,8 @@ pub async fn answer<S: Store>(
         .descriptors
         .iter()
         .zip(&peek.descriptors)
-        .map(|(d, (rule, limits))| {
+        .map(|(d, peeked)| {
+            let (rule, limits) = (&peeked.rule, &peeked.limits);
             let entries: Vec<Value> = d
                 .entries
                 .iter()

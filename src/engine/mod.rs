@@ -579,11 +579,19 @@ pub fn explain<'r>(
 /// What each limit of a request's descriptors has left, read without spending (`GET /counters`).
 #[derive(Debug)]
 pub struct Peek {
-    /// One per request descriptor: the matched rule's path and each limit checked, with what the
-    /// store says of its counter.
-    pub descriptors: Vec<(Option<String>, Vec<(Tier, Verdict)>)>,
+    /// One per request descriptor.
+    pub descriptors: Vec<Peeked>,
     /// The backend could not answer: the verdicts are the failure policy's, not the counters'.
     pub by_policy: bool,
+}
+
+/// One descriptor's limits, as [`Engine::peek`] read them.
+#[derive(Debug, Default)]
+pub struct Peeked {
+    /// The matched rule's path.
+    pub rule: Option<String>,
+    /// Each limit checked, with what the store says of its counter.
+    pub limits: Vec<(Tier, Verdict)>,
 }
 
 impl<S: Store> Engine<S> {
@@ -613,19 +621,22 @@ impl<S: Store> Engine<S> {
         } else {
             self.store.apply(&checks).await?
         };
-        let mut descriptors: Vec<(Option<String>, Vec<(Tier, Verdict)>)> = explanation
+        let mut descriptors: Vec<Peeked> = explanation
             .descriptors
             .iter()
-            .map(|d| (d.rule.map(|r| r.path.clone()), Vec::new()))
+            .map(|d| Peeked {
+                rule: d.rule.map(|r| r.path.clone()),
+                limits: Vec::new(),
+            })
             .collect();
         for ((i, tier, _, _), verdict) in owned.iter().zip(&outcome.verdicts) {
-            descriptors[*i].1.push((tier.clone(), *verdict));
+            descriptors[*i].limits.push((tier.clone(), *verdict));
         }
         if explanation.domain.is_none() {
             descriptors = request
                 .descriptors
                 .iter()
-                .map(|_| (None, Vec::new()))
+                .map(|_| Peeked::default())
                 .collect();
         }
         Ok(Peek {
