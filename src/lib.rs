@@ -18,7 +18,7 @@
 //!   once in [`store::build`], which returns the stack and its upkeep.
 //! - [`limiter`]: the algorithms as pure functions, and their facts.
 //! - [`clock`] (time, manual in tests), [`proto`] (the compiled protos), [`tls`] (the gRPC
-//!   listener's certificates, rotated).
+//!   listener's certificates, rotated), [`top`] (the most-limited values, a bounded sketch).
 
 pub mod admin;
 pub mod cli;
@@ -36,4 +36,5 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod tls;
+pub mod top;
 pub mod xds;

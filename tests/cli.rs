@@ -526,3 +526,52 @@ async fn inspect_prints_what_each_limit_has_left_without_spending() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("domain 'nope' is not configured"));
 }
+
+#[tokio::test]
+async fn top_prints_who_is_limited() {
+    let dir = common::temp_dir("top");
+    std::fs::write(
+        dir.join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let _child = serve(
+        &dir,
+        http,
+        &[
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--drain-delay",
+            "0s",
+            "--show-descriptor-values",
+        ],
+    );
+    let mut client = healthy_client(http, grpc).await;
+    for _ in 0..4 {
+        client
+            .should_rate_limit(common::request(
+                "a",
+                vec![common::descriptor(&[("k", "noisy")])],
+            ))
+            .await
+            .unwrap();
+    }
+    let out = sluice()
+        .args(["top", "--once", "--http-addr", &format!("127.0.0.1:{http}")])
+        .output()
+        .unwrap();
+    let view = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{view}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(view.contains("a / k"), "{view}");
+    // Shown whole (--show-descriptor-values): three of the four were denied.
+    let row = view
+        .lines()
+        .find(|l| l.ends_with("k=noisy"))
+        .unwrap_or_else(|| panic!("{view}"));
+    assert_eq!(row.split_whitespace().next(), Some("3"), "{view}");
+}

@@ -241,3 +241,39 @@ async fn counters_reads_without_spending_and_refuses_hostile_queries() {
         .into_inner();
     assert_eq!(answer.statuses[0].limit_remaining, 6);
 }
+
+#[tokio::test]
+async fn top_shows_the_most_denied_values_per_rule_masked() {
+    let server = start(RULES, "none", EngineSettings::default()).await;
+    let mut client = server.client().await;
+    // k allows 10 an hour per value: "heavy" is denied 15 times, "light" 2 times.
+    for (value, calls) in [("heavy-key-1", 25), ("light-key-2", 12), ("fine", 3)] {
+        for _ in 0..calls {
+            client
+                .should_rate_limit(request("m", vec![descriptor(&[("k", value)])]))
+                .await
+                .unwrap();
+        }
+    }
+    let (code, body) = http_get(server.running.http_addr, "/top?n=5").await;
+    assert_eq!(code, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rule = &doc["rules"][0];
+    assert_eq!(
+        (rule["domain"].as_str(), rule["rule"].as_str()),
+        (Some("m"), Some("k"))
+    );
+    let values = rule["values"].as_array().unwrap();
+    assert_eq!(values.len(), 2, "only denied values: {body}");
+    assert_eq!(values[0]["denials"], 15);
+    assert_eq!(values[1]["denials"], 2);
+    assert!(values[0]["value"].as_str().unwrap().starts_with("k=heav…#"));
+    assert!(!body.contains("heavy-key-1"), "values are masked: {body}");
+    for bad in ["/top?n=0", "/top?n=1000", "/top?sort=x"] {
+        assert_eq!(
+            http_get(server.running.http_addr, bad).await.0,
+            400,
+            "{bad}"
+        );
+    }
+}

@@ -53,6 +53,7 @@ pub fn router<S: Store>(state: AdminState<S>) -> Router {
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/config", get(config_status::<S>))
         .route("/counters", get(counters_answer::<S>))
+        .route("/top", get(top_answer::<S>))
         .route("/metrics", get(metrics::<S>))
         .with_state(Arc::new(state))
 }
@@ -80,6 +81,75 @@ pub fn reference_metrics(metrics: Arc<crate::metrics::Metrics>, path: &str) -> R
             }
         }),
     )
+}
+
+/// `GET /top[?n=N]`: each rule's most-denied descriptor values (see [`crate::top`]), `n` per
+/// rule (20 by default, at most the sketch's size), values masked as `/counters` masks them.
+async fn top_answer<S: Store>(
+    State(state): State<Arc<AdminState<S>>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let mut n = 20;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("n", v)) => match v.parse::<usize>() {
+                Ok(v) if (1..=crate::top::SLOTS).contains(&v) => n = v,
+                _ => {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        format!("n must be 1 to {}\n", crate::top::SLOTS),
+                    )
+                        .into_response();
+                }
+            },
+            _ => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("'{pair}' is not a query parameter of /top (n)\n"),
+                )
+                    .into_response();
+            }
+        }
+    }
+    let Some(top) = state.service.top() else {
+        return (StatusCode::NOT_FOUND, "the most-limited view is off\n").into_response();
+    };
+    let rules: Vec<serde_json::Value> = top
+        .snapshot(n)
+        .into_iter()
+        .map(|t| {
+            let values: Vec<serde_json::Value> = t
+                .entries
+                .iter()
+                .map(|e| {
+                    let shown: Vec<String> = e
+                        .value
+                        .split(',')
+                        .map(|kv| match kv.split_once('=') {
+                            Some((k, v)) => format!("{k}={}", state.reveal.show(v)),
+                            None => kv.to_owned(),
+                        })
+                        .collect();
+                    serde_json::json!({
+                        "value": shown.join(","),
+                        "denials": e.denials.round() as u64,
+                        "hits": e.hits.round() as u64,
+                        "error": e.error.round() as u64,
+                    })
+                })
+                .collect();
+            serde_json::json!({"domain": t.domain, "rule": t.rule, "values": values})
+        })
+        .collect();
+    axum::Json(serde_json::json!({
+        "half_life_seconds": top.half_life().as_secs(),
+        "rules": rules,
+    }))
+    .into_response()
 }
 
 /// `GET /counters`: see [`counters`].

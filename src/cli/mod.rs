@@ -1,9 +1,11 @@
 //! The `sluice` command line: `serve` (its flags become a [`server::Config`](crate::server::Config)
-//! in `serve`), and the tools that need no server: `validate`, `explain`, `schema` and `probe`.
+//! in `serve`), the tools that need no server (`validate`, `explain`, `schema`), and those that
+//! ask a running one (`probe`; `inspect` and `top` in `live`).
 //! Run as `ratelimit` (or with `SLUICE_REFERENCE_ENV=true`), the reference service's
 //! environment is read in too (`reference_env`).
 
-pub mod reference_env;
+mod live;
+mod reference_env;
 mod serve;
 
 use std::net::SocketAddr;
@@ -73,6 +75,21 @@ pub enum Tool {
         /// One descriptor's entries in order: k=v[,k=v...]. Repeat for several descriptors.
         #[arg(long = "descriptor", required = true)]
         descriptors: Vec<String>,
+    },
+    /// Who is limited right now: each rule's most-denied descriptor values on a running sluice
+    /// (its `GET /top`), refreshed like `top`.
+    Top {
+        #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: SocketAddr,
+        /// Values shown per rule.
+        #[arg(short, long, default_value_t = 10)]
+        n: usize,
+        /// How often the view refreshes.
+        #[arg(long, default_value = "2s", value_parser = serve::parse_duration)]
+        every: Duration,
+        /// Print the view once and exit.
+        #[arg(long)]
+        once: bool,
     },
     /// Print the JSON Schema of rules files (config/sluice-rules.schema.json is this output).
     Schema,
@@ -164,7 +181,13 @@ impl Tool {
                 http_addr,
                 domain,
                 descriptors,
-            } => inspect(http_addr, &domain, &descriptors),
+            } => live::inspect(http_addr, &domain, &descriptors),
+            Tool::Top {
+                http_addr,
+                n,
+                every,
+                once,
+            } => live::top(http_addr, n, every, once),
             Tool::Schema => {
                 println!(
                     "{}",
@@ -243,56 +266,6 @@ fn probe(addr: SocketAddr) -> ExitCode {
         }
         Err(e) => {
             eprintln!("sluice: {addr}: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `inspect`: asks a running sluice's `/counters` and prints the answer as a table.
-fn inspect(addr: SocketAddr, domain: &str, descriptors: &[String]) -> ExitCode {
-    use std::io::{Read, Write};
-    let addr = if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    };
-    let mut query = format!("domain={}", crate::explain::percent_encode(domain));
-    for d in descriptors {
-        query.push_str(&format!(
-            "&descriptor={}",
-            crate::explain::percent_encode(d)
-        ));
-    }
-    let response = (|| -> std::io::Result<String> {
-        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET /counters?{query} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        Ok(text)
-    })();
-    let response = match response {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("sluice: {addr}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if head.get(9..12) != Some("200") {
-        eprintln!("sluice: {addr} answered: {}", body.trim());
-        return ExitCode::FAILURE;
-    }
-    match serde_json::from_str::<serde_json::Value>(body) {
-        Ok(document) => {
-            print!("{}", crate::explain::counters_table(&document));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("sluice: {addr} answered what is not /counters JSON: {e}");
             ExitCode::FAILURE
         }
     }

@@ -28,7 +28,7 @@ pub enum Backend {
 }
 
 /// A duration such as `10ms`, `2s` or `1500us`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);

@@ -94,6 +94,9 @@ pub enum RulesSource {
     Given(RuleSet),
 }
 
+/// How fast the most-limited view (`GET /top`) forgets: counts halve every minute.
+const TOP_HALF_LIFE: Duration = Duration::from_secs(60);
+
 /// Serves until `shutdown` yields: the first item starts the drain, a second ends it early
 /// (a rollout's SIGTERM, then an impatient operator's Ctrl-C). `shutdown` ending counts as a
 /// signal.
@@ -166,7 +169,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (health, health_service) = HealthStatus::new();
     let service = Arc::new(
         RateLimitGrpc::new(engine.clone(), config.headers, config.metrics.clone())
-            .with_dynamic_metadata(config.dynamic_metadata),
+            .with_dynamic_metadata(config.dynamic_metadata)
+            .with_top(Arc::new(crate::top::TopLimited::new(
+                store_config.clocks.monotonic.clone(),
+                TOP_HALF_LIFE,
+            ))),
     );
     let (stop, stopped) = watch::channel(false);
     let quota = Arc::new(QuotaService::new(

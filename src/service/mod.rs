@@ -27,6 +27,8 @@ pub struct RateLimitGrpc<S> {
     metrics: Option<Arc<Metrics>>,
     /// Answer with `dynamic_metadata` (the reference's `RESPONSE_DYNAMIC_METADATA`).
     dynamic_metadata: bool,
+    /// The most-denied values per rule (`GET /top`); None records nothing.
+    top: Option<Arc<crate::top::TopLimited>>,
 }
 
 impl<S: Store> RateLimitGrpc<S> {
@@ -36,7 +38,18 @@ impl<S: Store> RateLimitGrpc<S> {
             headers,
             metrics,
             dynamic_metadata: false,
+            top: None,
         }
+    }
+
+    /// Records each denial's descriptor values in `top` (see [`crate::top`]).
+    pub fn with_top(mut self, top: Arc<crate::top::TopLimited>) -> Self {
+        self.top = Some(top);
+        self
+    }
+
+    pub fn top(&self) -> Option<&Arc<crate::top::TopLimited>> {
+        self.top.as_ref()
     }
 
     /// Adds `dynamic_metadata` to every answer (see `metadata`).
@@ -73,6 +86,9 @@ impl<S: Store> RateLimitGrpc<S> {
                     .instrument(span.clone())
                     .await
                     .map_err(to_status);
+                if let (Some(top), Ok(decision)) = (&self.top, &result) {
+                    record_denials(top, &request, decision);
+                }
                 (request.domain, result)
             }
             Err(invalid) => (String::new(), Err(invalid)),
@@ -112,6 +128,19 @@ impl<S: Store> proto::RateLimitService for RateLimitGrpc<S> {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         self.handle(request.into_inner()).await.map(Response::new)
+    }
+}
+
+/// Each descriptor a rule denied, with its values, into the most-limited sketch.
+fn record_denials(top: &crate::top::TopLimited, request: &engine::Request, decision: &Decision) {
+    for (status, d) in decision.statuses.iter().zip(&request.descriptors) {
+        if status.code != Code::OverLimit {
+            continue;
+        }
+        if let Some(stats) = &status.stats {
+            let value: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            top.record(&request.domain, &stats.rule, &value.join(","), stats.hits);
+        }
     }
 }
 

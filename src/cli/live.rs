@@ -1,0 +1,187 @@
+//! The tools that read a running sluice over its HTTP port: `inspect` (`GET /counters`) and
+//! `top` (`GET /top`), and their tables.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// `GET path` on `addr` (0.0.0.0 reached on loopback), its JSON body; the server's reason when
+/// it answers otherwise than 200.
+fn get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
+    use std::io::{Read, Write};
+    let addr = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let response = (|| -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })()
+    .map_err(|e| format!("{addr}: {e}"))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if head.get(9..12) != Some("200") {
+        return Err(format!("{addr} answered: {}", body.trim()));
+    }
+    serde_json::from_str(body).map_err(|e| format!("{addr} answered what is not JSON: {e}"))
+}
+
+/// `sluice inspect`.
+pub fn inspect(addr: SocketAddr, domain: &str, descriptors: &[String]) -> ExitCode {
+    let mut query = format!("domain={}", percent_encode(domain));
+    for d in descriptors {
+        query.push_str(&format!("&descriptor={}", percent_encode(d)));
+    }
+    match get_json(addr, &format!("/counters?{query}")) {
+        Ok(document) => {
+            print!("{}", counters_table(&document));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice top`: the view, once or refreshed every `every` until interrupted.
+pub fn top(addr: SocketAddr, n: usize, every: Duration, once: bool) -> ExitCode {
+    loop {
+        let view = get_json(addr, &format!("/top?n={n}")).map(|d| top_table(&d));
+        match (view, once) {
+            (Ok(table), true) => {
+                print!("{table}");
+                return ExitCode::SUCCESS;
+            }
+            // Clear the screen and draw again, as top does.
+            (Ok(table), false) => print!("\x1b[2J\x1b[H{table}"),
+            (Err(e), _) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        std::thread::sleep(every.max(Duration::from_millis(100)));
+    }
+}
+
+/// `%`-encodes what a query value cannot carry as is.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~,=/*".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `sluice inspect`'s table of a `GET /counters` answer.
+pub fn counters_table(document: &Value) -> String {
+    let mut out = String::new();
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    if document["decided_by"] == "failure_policy" {
+        let _ = writeln!(
+            out,
+            "the backend did not answer: these are the failure policy's numbers, not the counters'"
+        );
+    }
+    let descriptors = document["descriptors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, d) in descriptors.iter().enumerate() {
+        let entries: Vec<String> = d["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{}={}", text(&e["key"]), text(&e["value"])))
+            .collect();
+        let rule = match &d["rule"] {
+            serde_json::Value::String(r) => format!("rule {r}"),
+            _ => "no rule: not limited".to_owned(),
+        };
+        let _ = writeln!(out, "descriptor {i}: {} ({rule})", entries.join(", "));
+        let limits = d["limits"].as_array().cloned().unwrap_or_default();
+        if limits.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:<14} {:<14} {:>16} {:>10} {:>10} {:>10}",
+            "limit", "algorithm", "allows", "used", "remaining", "resets in"
+        );
+        for l in limits {
+            let allows = format!(
+                "{}/{}{}",
+                text(&l["requests_per_unit"]),
+                if l["unit_multiplier"] == 1 {
+                    String::new()
+                } else {
+                    format!("{} ", text(&l["unit_multiplier"]))
+                },
+                text(&l["unit"]).to_lowercase()
+            );
+            let over = if l["over_limit"] == true { " OVER" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {:<14} {:<14} {:>16} {:>10} {:>10} {:>9.1}s{over}",
+                text(&l["name"]),
+                text(&l["algorithm"]),
+                allows,
+                text(&l["used"]),
+                text(&l["remaining"]),
+                l["reset_seconds"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    out
+}
+
+/// `sluice top`'s table of a `GET /top` answer.
+pub fn top_table(document: &Value) -> String {
+    let mut out = String::new();
+    let rules = document["rules"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "most-limited values (counts halve every {} s)",
+        document["half_life_seconds"]
+    );
+    if rules.is_empty() {
+        let _ = writeln!(out, "no denials lately");
+    }
+    for r in rules {
+        let _ = writeln!(
+            out,
+            "{} / {}",
+            r["domain"].as_str().unwrap_or("-"),
+            r["rule"].as_str().unwrap_or("-")
+        );
+        let _ = writeln!(out, "  {:>9} {:>9}  value", "denials", "hits");
+        for v in r["values"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {:>9} {:>9}  {}",
+                v["denials"],
+                v["hits"],
+                v["value"].as_str().unwrap_or("-")
+            );
+        }
+    }
+    out
+}
