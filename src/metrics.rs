@@ -151,6 +151,14 @@ impl QuotaMetrics {
     }
 }
 
+impl Metrics {
+    /// ShouldRateLimit calls so far by result: ok, over_limit, invalid, error (the status page
+    /// makes rates of them).
+    pub fn calls(&self) -> [u64; 4] {
+        self.call_counters.each_ref().map(|c| c.get())
+    }
+}
+
 impl crate::rlqs::QuotaObserver for Metrics {
     fn stream_opened(&self) {
         self.quota.streams.inc();

@@ -1,7 +1,10 @@
 //! The HTTP side: `GET /healthcheck` (the reference's probe), `/livez` and `/readyz`
 //! (Kubernetes), `GET /metrics` (Prometheus), `GET /rlconfig` (the loaded rules, one line each),
 //! `GET /config` (what the last reloads did), `GET /counters` (what limits have left, read
-//! without spending) and, when asked for, `POST /json` (a rate-limit call as JSON). Readiness
+//! without spending), `GET /top` (the most-limited values), `GET /explain` (what the rules do
+//! with a descriptor), `GET /status` (serving state, backend, calls) and the status page at `/`
+//! that shows them all (`status.html`: one file, no external assets), and, when asked for,
+//! `POST /json` (a rate-limit call as JSON). Readiness
 //! is [`crate::readiness`]'s: this module only renders it.
 
 pub mod counters;
@@ -34,8 +37,10 @@ pub struct AdminState<S> {
     /// Serve `POST /json`. Off by default: it decides on the same counters as Envoy's calls, so
     /// whoever reaches the HTTP port could spend any client's quota through it.
     pub json: bool,
-    /// How descriptor values are shown (`/counters`).
+    /// How descriptor values are shown (`/counters`, `/top`).
     pub reveal: counters::Reveal,
+    /// The Redis key prefix, for `/explain`'s keys.
+    pub key_prefix: String,
 }
 
 pub fn router<S: Store>(state: AdminState<S>) -> Router {
@@ -54,6 +59,9 @@ pub fn router<S: Store>(state: AdminState<S>) -> Router {
         .route("/config", get(config_status::<S>))
         .route("/counters", get(counters_answer::<S>))
         .route("/top", get(top_answer::<S>))
+        .route("/status", get(status::<S>))
+        .route("/explain", get(explain_answer::<S>))
+        .route("/", get(status_page))
         .route("/metrics", get(metrics::<S>))
         .with_state(Arc::new(state))
 }
@@ -81,6 +89,64 @@ pub fn reference_metrics(metrics: Arc<crate::metrics::Metrics>, path: &str) -> R
             }
         }),
     )
+}
+
+/// The status page: one self-contained HTML file that reads the JSON endpoints and refreshes
+/// itself.
+async fn status_page() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("status.html"),
+    )
+        .into_response()
+}
+
+/// `GET /status`: whether this node serves and why, the backend as the store reports it, and
+/// the calls so far by result.
+async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
+    let now = state.gate.now();
+    let store = state.upkeep.report();
+    let calls = state.service.metrics().map(|m| m.calls());
+    let body = serde_json::json!({
+        "ready": now.ready(),
+        "serving": now.reason(),
+        "backend": {
+            "reached": store.backend_reached,
+            "breaker": store.breaker.map(|b| format!("{b:?}").to_lowercase()),
+            "keys_in_memory": store.keys_in_memory,
+            "lease_hits_held": store.lease_hits_held,
+            "cached_denials": store.cached_denials,
+            "policy_decisions": store.policy_decisions,
+        },
+        "calls": calls.map(|[ok, over_limit, invalid, error]| serde_json::json!({
+            "ok": ok, "over_limit": over_limit, "invalid": invalid, "error": error,
+        })),
+    });
+    axum::Json(body).into_response()
+}
+
+/// `GET /explain?domain=D&descriptor=k=v,...`: `sluice explain`'s text for the rules now serving.
+async fn explain_answer<S: Store>(
+    State(state): State<Arc<AdminState<S>>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let request = match counters::parse_query(&query.unwrap_or_default()) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    let engine = state.service.engine();
+    if let Err(e) = engine.settings().bounds.check(&request) {
+        return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
+    }
+    let descriptors: Vec<Vec<(String, String)>> =
+        request.descriptors.into_iter().map(|d| d.entries).collect();
+    let text = crate::explain::explain(
+        &engine.rules(),
+        &request.domain,
+        &descriptors,
+        &state.key_prefix,
+    );
+    (StatusCode::OK, text).into_response()
 }
 
 /// `GET /top[?n=N]`: each rule's most-denied descriptor values (see [`crate::top`]), `n` per

@@ -219,6 +219,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         upkeep: upkeep.clone(),
         reloader: rules.reloader(),
         json: config.json,
+        key_prefix: match &store_config.backend {
+            crate::store::BackendConfig::Redis(redis) => redis.key_prefix.clone(),
+            crate::store::BackendConfig::Memory => "sluice:".to_owned(),
+        },
         reveal: if config.show_descriptor_values {
             crate::admin::counters::Reveal::Whole
         } else {
