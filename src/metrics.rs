@@ -43,7 +43,7 @@ impl CallResult {
 }
 
 /// Gauges read at scrape time.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Gauges {
     pub keys_in_memory: Option<usize>,
     /// 0 closed, 1 open, 2 half-open; None without a remote backend.
@@ -52,6 +52,9 @@ pub struct Gauges {
     pub lease_hits_held: Option<u64>,
     pub rules_loaded: usize,
     pub last_reload_unix: Option<u64>,
+    /// The most-denied values per rule (`crate::top`), values as shown: (domain, rule, value,
+    /// denials).
+    pub most_limited: Vec<(String, String, String, f64)>,
 }
 
 pub struct Metrics {
@@ -74,6 +77,8 @@ pub struct Metrics {
     /// Each limit of the rules now serving, and its window: usage against limit on a dashboard.
     rule_limit: IntGaugeVec,
     rule_window: IntGaugeVec,
+    /// The most-denied values per rule, set at each scrape.
+    top_denials: prometheus::GaugeVec,
     /// Held from setting the limit gauges until they are encoded: a scrape never sees another's
     /// reset.
     rendering: Mutex<()>,
@@ -358,6 +363,16 @@ impl Metrics {
             "sluice_rule_limit_window_seconds",
             "The window of each limit of a rule, in seconds (the rate is sluice_rule_limit / this).",
         );
+        let top_denials = registered(
+            &registry,
+            prometheus::GaugeVec::new(
+                Opts::new(
+                    "sluice_top_denials",
+                    "Denials of each rule's most-denied descriptor values (the five per rule GET /top shows first), counts halving every minute; values masked unless --show-descriptor-values.",
+                ),
+                &["domain", "rule", "value"],
+            ),
+        );
         let reloads = IntCounterVec::new(
             Opts::new("sluice_rules_reloads_total", "Rules reloads by result."),
             &["result"],
@@ -407,6 +422,7 @@ impl Metrics {
             lease_hits,
             rule_limit,
             rule_window,
+            top_denials,
             rendering: Mutex::new(()),
             near_limit_ratio,
             max_series,
@@ -617,6 +633,12 @@ impl Metrics {
             self.lease_hits.set(i64::try_from(h).unwrap_or(i64::MAX));
         }
         self.rules_loaded.set(gauges.rules_loaded as i64);
+        self.top_denials.reset();
+        for (domain, rule, value, denials) in &gauges.most_limited {
+            self.top_denials
+                .with_label_values(&[domain.as_str(), rule.as_str(), value.as_str()])
+                .set(*denials);
+        }
         if let Some(t) = gauges.last_reload_unix {
             self.last_reload.set(t as i64);
         }

@@ -192,16 +192,8 @@ async fn top_answer<S: Store>(
                 .entries
                 .iter()
                 .map(|e| {
-                    let shown: Vec<String> = e
-                        .value
-                        .split(',')
-                        .map(|kv| match kv.split_once('=') {
-                            Some((k, v)) => format!("{k}={}", state.reveal.show(v)),
-                            None => kv.to_owned(),
-                        })
-                        .collect();
                     serde_json::json!({
-                        "value": shown.join(","),
+                        "value": shown(&e.value, state.reveal),
                         "denials": e.denials.round() as u64,
                         "hits": e.hits.round() as u64,
                         "error": e.error.round() as u64,
@@ -216,6 +208,18 @@ async fn top_answer<S: Store>(
         "rules": rules,
     }))
     .into_response()
+}
+
+/// A `k=v,k=v` value of the most-limited sketch, each value shown as `reveal` says.
+fn shown(entries: &str, reveal: counters::Reveal) -> String {
+    let shown: Vec<String> = entries
+        .split(',')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => format!("{k}={}", reveal.show(v)),
+            None => kv.to_owned(),
+        })
+        .collect();
+    shown.join(",")
 }
 
 /// `GET /counters`: see [`counters`].
@@ -378,6 +382,24 @@ async fn metrics<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response 
             .and_then(|r| r.status().loaded_at)
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_secs()),
+        most_limited: state
+            .service
+            .top()
+            .map(|top| {
+                top.snapshot(5)
+                    .into_iter()
+                    .flat_map(|t| {
+                        t.entries
+                            .into_iter()
+                            .map(|e| {
+                                let value = shown(&e.value, state.reveal);
+                                (t.domain.clone(), t.rule.clone(), value, e.denials.round())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     (
         StatusCode::OK,
