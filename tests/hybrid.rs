@@ -442,6 +442,16 @@ async fn a_peek_reads_redis_with_leases_as_used_and_writes_nothing() {
     let first = node.peek(&peek_of("hot")).await.unwrap();
     let limits = &first.descriptors[0].limits;
     let remaining = limits[0].1.remaining;
+    // What this node's lease holds of the counter is part of what Redis counts as used.
+    let leased = node
+        .upkeep
+        .leased(&limits[0].2)
+        .expect("a lease of the hot counter");
+    assert_eq!(
+        remaining + 5 + leased,
+        100,
+        "{leased} leased, {remaining} left"
+    );
     // Five admitted, and whatever this node's lease took beyond them, are used in Redis.
     assert!(remaining <= 95, "{remaining} left of 100 after 5 hits");
     assert!(!first.by_policy);

@@ -127,6 +127,7 @@ pub async fn answer<S: Store>(
     engine: &crate::engine::Engine<S>,
     query: &str,
     reveal: Reveal,
+    leased: impl Fn(&[u8]) -> Option<u64>,
 ) -> Result<Value, Result<QueryError, EngineError>> {
     let request = parse_query(query).map_err(Ok)?;
     if engine.rules().domain(&request.domain).is_none() {
@@ -149,7 +150,7 @@ pub async fn answer<S: Store>(
                 .collect();
             let limits: Vec<Value> = limits
                 .iter()
-                .map(|(tier, v)| {
+                .map(|(tier, v, key)| {
                     let limit = &tier.limit;
                     // What the limit holds at most: the burst of a bucket, a window's requests.
                     let capacity = limit.burst;
@@ -164,6 +165,9 @@ pub async fn answer<S: Store>(
                         "remaining": v.remaining,
                         "over_limit": !v.allowed,
                         "reset_seconds": v.reset_after_us as f64 / 1e6,
+                        // mode: hybrid — what this node holds of the counter in a lease
+                        // (charged to it already, so counted in `used`).
+                        "leased_here": leased(key),
                     })
                 })
                 .collect();

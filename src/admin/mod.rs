@@ -228,7 +228,8 @@ async fn counters_answer<S: Store>(
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
     let query = query.unwrap_or_default();
-    match counters::answer(state.service.engine(), &query, state.reveal).await {
+    let leased = |key: &[u8]| state.upkeep.leased(key);
+    match counters::answer(state.service.engine(), &query, state.reveal, leased).await {
         Ok(document) => axum::Json(document).into_response(),
         Err(Ok(refused)) => (StatusCode::BAD_REQUEST, format!("{refused}\n")).into_response(),
         Err(Err(failed)) => {

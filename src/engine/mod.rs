@@ -590,8 +590,8 @@ pub struct Peek {
 pub struct Peeked {
     /// The matched rule's path.
     pub rule: Option<String>,
-    /// Each limit checked, with what the store says of its counter.
-    pub limits: Vec<(Tier, Verdict)>,
+    /// Each limit checked, with what the store says of its counter, and the counter's key.
+    pub limits: Vec<(Tier, Verdict, Vec<u8>)>,
 }
 
 impl<S: Store> Engine<S> {
@@ -629,8 +629,10 @@ impl<S: Store> Engine<S> {
                 limits: Vec::new(),
             })
             .collect();
-        for ((i, tier, _, _), verdict) in owned.iter().zip(&outcome.verdicts) {
-            descriptors[*i].limits.push((tier.clone(), *verdict));
+        for ((i, tier, key, _), verdict) in owned.iter().zip(&outcome.verdicts) {
+            descriptors[*i]
+                .limits
+                .push((tier.clone(), *verdict, key.clone()));
         }
         if explanation.domain.is_none() {
             descriptors = request

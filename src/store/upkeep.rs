@@ -60,6 +60,12 @@ impl Upkeep {
         }
     }
 
+    /// What this node holds in a quota lease of the counter `key` (hybrid mode); None without a
+    /// shared backend or without a lease of it.
+    pub fn leased(&self, key: &[u8]) -> Option<u64> {
+        self.shared.as_ref().and_then(|s| s.leases.held_for(key))
+    }
+
     /// How often [`Upkeep::give_back`] should run; None when nothing is ever held.
     pub fn give_back_every(&self) -> Option<Duration> {
         self.shared.as_ref().map(|s| s.leases.every())

@@ -215,6 +215,13 @@ pub struct GiveBack<S> {
     table: Arc<LeaseTable>,
 }
 
+impl<S> GiveBack<S> {
+    /// What this node holds in a lease of the counter `key`.
+    pub fn held_for(&self, key: &[u8]) -> Option<u64> {
+        self.table.held_for(key)
+    }
+}
+
 impl<S: Store> GiveBack<S> {
     /// Gives back the leftovers of leases that ran out (all of them when the node stops).
     pub async fn run(&self, all: bool) {

@@ -144,6 +144,11 @@ impl LeaseTable {
         held
     }
 
+    /// What this node holds in a lease of the counter `key` (`GET /counters`); None without one.
+    pub fn held_for(&self, key: &[u8]) -> Option<u64> {
+        self.entries.lock(key).get(key).map(|l| l.left)
+    }
+
     /// Decides the whole batch from leases, if every check is hybrid and its lease is live and
     /// holds enough; then the hits are taken from the leases. None: ask the backend.
     pub fn decide_locally(&self, checks: &[Check<'_>], now: u64) -> Option<Vec<Verdict>> {
