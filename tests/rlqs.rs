@@ -699,3 +699,43 @@ async fn with_redis_down_the_rules_failure_policy_becomes_the_assignment() {
     let answer = other.report(reports("q", buckets())).await.unwrap();
     assert_eq!(kinds(&answer), ["deny", "allow", "deny", "tokens:50"]);
 }
+
+#[tokio::test]
+async fn idle_buckets_are_abandoned_and_leave_the_node() {
+    let clock = Arc::new(ManualClock::new(START + 10 * S));
+    let node = node(
+        &common::memory(&clock, 1_000),
+        &clock,
+        QuotaOptions {
+            idle_reports_to_abandon: 2,
+            ..QuotaOptions::default()
+        },
+    );
+    let mut session = node.service.session();
+    session
+        .report(reports(
+            "q",
+            vec![usage(API, 1, 0, 0), usage(&[("route", "free")], 1, 0, 0)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(node.service.buckets(), 2);
+    // The API bucket keeps seeing requests; the free one goes quiet for two reports.
+    for i in 0..2 {
+        clock.advance(5 * S);
+        let answer = session
+            .report(reports(
+                "q",
+                vec![usage(API, 5, 0, 5), usage(&[("route", "free")], 0, 0, 5)],
+            ))
+            .await
+            .unwrap();
+        let abandoned = kinds(&answer).iter().filter(|k| *k == "abandon").count();
+        assert_eq!(abandoned, i, "report {i}: {:?}", kinds(&answer));
+    }
+    assert_eq!(
+        node.service.buckets(),
+        1,
+        "the abandoned bucket left the node"
+    );
+}
