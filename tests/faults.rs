@@ -527,3 +527,66 @@ async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
     let keys = common::redis::redis_cli(new, &["--scan"]);
     assert!(keys.lines().count() >= 2, "{keys}");
 }
+
+/// `failure_mode: local` with the fleet heartbeat: three nodes that saw each other in Redis
+/// enforce a third of the limit each when Redis is lost, so the fleet admits the limit (plus at
+/// most two for rounding), not three times it; and they decide on Redis again once it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
+    let mut redis = RedisServer::start();
+    let rules = "domain: f\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
+    let nodes: Vec<common::Assembled> = (0..3)
+        .map(|_| {
+            common::assemble(
+                &StoreConfig {
+                    failure_mode: FailureMode::Local,
+                    over_limit_cache: 0,
+                    fleet_heartbeat: Duration::from_secs(1),
+                    ..shared_config(Topology::Standalone(redis.url()), TIMEOUT)
+                },
+                rules,
+            )
+        })
+        .collect();
+    let hit = || Request {
+        domain: "f".into(),
+        descriptors: vec![Descriptor::of(&[("k", "shared")], 1)],
+    };
+    // Each node reaches Redis (a decision makes its connection), then beats until all three
+    // see the fleet.
+    for node in &nodes {
+        assert!(!node.decide(&hit()).await.unwrap().by_policy);
+    }
+    for _ in 0..2 {
+        for node in &nodes {
+            node.upkeep.beat().await;
+        }
+    }
+    assert!(nodes.iter().all(|n| n.upkeep.fleet_nodes() == 3));
+    redis.kill();
+    let mut admitted = 0;
+    for _ in 0..400 {
+        for node in &nodes {
+            let d = node.decide(&hit()).await.unwrap();
+            assert!(d.by_policy, "Redis is gone: the policy decides");
+            admitted += u64::from(d.code == Code::Ok);
+        }
+    }
+    // Each node: a third of 300, rounded up. Without the heartbeat, 900.
+    eprintln!("during the outage the fleet admitted {admitted} (limit 300)");
+    assert_eq!(admitted, 300);
+    // Back on Redis once it returns (the breaker probes it).
+    redis.restart();
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(10);
+    for node in &nodes {
+        while node.decide(&hit()).await.unwrap().by_policy {
+            assert!(Instant::now() < deadline, "still on the failure policy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    eprintln!(
+        "every node decided on Redis again {:?} after it returned",
+        back.elapsed()
+    );
+}

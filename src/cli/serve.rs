@@ -119,6 +119,11 @@ pub struct ServeArgs {
     /// UNAVAILABLE, so Envoy's failure_mode_deny decides). A rule's `failure_mode` overrides it.
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "local")]
     failure_mode: FailureMode,
+    /// How often this node announces itself in Redis (a heartbeat that expires after three), so
+    /// that with `local` each node enforces its share of every limit over the fleet it last saw
+    /// live when Redis is lost; 0s: each node enforces the whole limit.
+    #[arg(long, env = "SLUICE_FLEET_HEARTBEAT", default_value = "1s", value_parser = parse_duration)]
+    fleet_heartbeat: Duration,
     /// Counters Redis denied are denied on this node until they can fit again, without a Redis
     /// call; this many at most (0: off).
     #[arg(long, env = "SLUICE_OVER_LIMIT_CACHE", default_value_t = 100_000)]
@@ -430,6 +435,7 @@ impl ServeArgs {
         StoreConfig {
             max_keys: self.max_keys,
             failure_mode: self.failure_mode,
+            fleet_heartbeat: self.fleet_heartbeat,
             over_limit_cache: self.over_limit_cache,
             leases: LeaseOptions {
                 default_mode: self.mode,

@@ -1,4 +1,4 @@
-//! The timers the running system keeps: the store's sweep and lease give-back (what
+//! The timers the running system keeps: the store's sweep, lease give-back and fleet heartbeat (what
 //! [`Upkeep`] asks for), and gRPC health kept in step with [`readiness`](crate::readiness).
 
 use std::sync::Arc;
@@ -38,6 +38,16 @@ pub(super) fn spawn(
         tasks.push(super::every(period, stopped, move || {
             let upkeep = give_back.clone();
             async move { upkeep.give_back(false).await }
+        }));
+    }
+    // The fleet heartbeat: how many nodes share each limit when Redis is lost (`local`).
+    if let Some(period) = upkeep.beat_every() {
+        let beat = upkeep.clone();
+        tasks.push(super::every(period, stopped, move || {
+            let upkeep = beat.clone();
+            async move {
+                upkeep.beat().await;
+            }
         }));
     }
     // gRPC health follows readiness (Envoy's health checks then steer away from this node).

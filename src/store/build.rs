@@ -2,6 +2,7 @@
 //! so what runs in production is what the tests prove.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::breaker::{Breaker, BreakerOptions};
 use super::fallback::Fallback;
@@ -67,6 +68,9 @@ pub struct StoreConfig {
     pub leases: LeaseOptions,
     pub observer: Option<Arc<dyn BackendObserver>>,
     pub clocks: Clocks,
+    /// How often this node announces itself in Redis, so `failure_mode: local` enforces its
+    /// share of each limit over the live fleet (zero: off, each node enforces the whole limit).
+    pub fleet_heartbeat: Duration,
 }
 
 impl StoreConfig {
@@ -81,6 +85,7 @@ impl StoreConfig {
             leases: LeaseOptions::default(),
             observer: None,
             clocks: Clocks::system(),
+            fleet_heartbeat: Duration::from_secs(1),
         }
     }
 }
@@ -121,6 +126,7 @@ pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
     }
     redis.connect_ahead();
     let reached = redis.reached();
+    let beat = (!config.fleet_heartbeat.is_zero()).then(|| redis.fleet_beat(node_id()));
     let breaker = Breaker::new(redis, config.breaker, clocks.monotonic.clone());
     let circuit = breaker.circuit();
     let metered = Metered::new(breaker, config.observer.clone());
@@ -131,6 +137,12 @@ pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
     );
     let give_back = leases.give_back();
     let fallback = Fallback::new(leases, memory.clone(), config.failure_mode);
+    let fleet = beat.map(|beat| super::upkeep::Fleet {
+        beat,
+        share: fallback.fleet(),
+        every: config.fleet_heartbeat,
+        clock: clocks.wall.clone(),
+    });
     let (policy, serves_without_backend) =
         (fallback.decisions(), fallback.serves_without_backend());
     let cache = OverLimitCache::new(fallback, config.over_limit_cache, clocks.monotonic.clone());
@@ -143,9 +155,21 @@ pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
             leases: give_back,
             circuit,
             reached,
+            fleet,
         },
     );
     Ok((Stack::Shared(Box::new(cache)), upkeep))
+}
+
+/// This process's name in the fleet set: random, so a restarted node counts once its old
+/// entry expires.
+fn node_id() -> String {
+    use std::hash::BuildHasher;
+    let seed = (std::process::id(), std::time::SystemTime::now());
+    format!(
+        "{:016x}",
+        std::collections::hash_map::RandomState::new().hash_one(seed)
+    )
 }
 
 impl Store for Stack {

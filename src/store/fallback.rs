@@ -1,8 +1,14 @@
 //! The failure policy layer: when the backend cannot answer (`StoreError::is_backend_down`:
 //! a timeout, an error, an open circuit), each check is decided by its rule's `failure_mode`
 //! (or the default): `allow` (OK), `deny` (OVER_LIMIT), `local` (this node's own memory store
-//! decides, so limits hold per node during an outage) or `error` (the call fails with
-//! UNAVAILABLE and Envoy's `failure_mode_deny` decides).
+//! decides) or `error` (the call fails with UNAVAILABLE and Envoy's `failure_mode_deny`
+//! decides).
+//!
+//! **`local` keeps one limit for the fleet, not one per node.** While Redis answers, every node
+//! beats in a set there (`redis::FleetBeat`) and learns how many nodes are live ([`FleetShare`]);
+//! when Redis is lost, each node enforces its share of every limit, the limit divided by the
+//! nodes it last saw, rounded up. So N nodes admit at most `limit + N - 1` per window between
+//! them during an outage, where each enforcing the whole limit would admit `N × limit`.
 //!
 //! It decides the request's own checks, whatever the layers inside it were doing (a lease, a
 //! refund): it sits outside them.
@@ -11,13 +17,48 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Check, CheckKind, FailureMode, MemoryStore, Outcome, Store, StoreError};
-use crate::limiter::Verdict;
+use crate::limiter::{Limit, Verdict};
 
 /// Retry-After for checks denied by the `deny` policy: the backend's state is unknown.
 pub const POLICY_RETRY_US: u64 = 1_000_000;
 
+/// How many nodes share the limits (the fleet last seen live; 1 when alone or unknown).
+#[derive(Debug)]
+pub struct FleetShare(AtomicU64);
+
+impl Default for FleetShare {
+    fn default() -> Self {
+        Self(AtomicU64::new(1))
+    }
+}
+
+impl FleetShare {
+    pub fn nodes(&self) -> u64 {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+
+    pub fn set(&self, nodes: u64) {
+        self.0.store(nodes.max(1), Ordering::Relaxed);
+    }
+}
+
+/// One node's share of `limit` among `nodes`: its requests and burst divided, rounded up (a
+/// limit of at least one stays at least one).
+pub fn share_of(limit: &Limit, nodes: u64) -> Limit {
+    if nodes <= 1 {
+        return *limit;
+    }
+    Limit {
+        requests: limit.requests.div_ceil(nodes),
+        burst: limit.burst.div_ceil(nodes),
+        ..*limit
+    }
+}
+
 pub struct Fallback<S> {
     inner: S,
+    /// The fleet `local` shares each limit with.
+    fleet: Arc<FleetShare>,
     /// This node's own counters for `local`; the upkeep sweeps them.
     local: Arc<MemoryStore>,
     default_mode: FailureMode,
@@ -38,10 +79,16 @@ impl<S: Store> Fallback<S> {
     pub fn new(inner: S, local: Arc<MemoryStore>, default_mode: FailureMode) -> Self {
         Self {
             inner,
+            fleet: Arc::default(),
             local,
             default_mode,
             decisions: Arc::default(),
         }
+    }
+
+    /// The fleet size `local` divides limits by, shared with the upkeep that learns it.
+    pub fn fleet(&self) -> Arc<FleetShare> {
+        self.fleet.clone()
     }
 
     /// The count of requests the policy answered, for the upkeep.
@@ -77,7 +124,16 @@ impl<S: Store> Fallback<S> {
                 (i, Check { hits, ..*c })
             })
             .collect();
-        let local_checks: Vec<Check<'_>> = local.iter().map(|(_, c)| *c).collect();
+        let nodes = self.fleet.nodes();
+        let shares: Vec<Limit> = local
+            .iter()
+            .map(|(_, c)| share_of(c.limit, nodes))
+            .collect();
+        let local_checks: Vec<Check<'_>> = local
+            .iter()
+            .zip(&shares)
+            .map(|((_, c), limit)| Check { limit, ..*c })
+            .collect();
         let local_outcome = if local_checks.is_empty() {
             Outcome {
                 allowed: true,
@@ -137,6 +193,24 @@ mod tests {
     impl Store for Down {
         async fn apply(&self, _: &[Check<'_>]) -> Result<Outcome, StoreError> {
             Err(StoreError::Timeout(Duration::from_millis(10)))
+        }
+    }
+
+    proptest::proptest! {
+        /// The shares of a limit over N nodes add up to the limit plus at most N − 1, and no
+        /// share of a non-zero limit is zero, over the whole range.
+        #[test]
+        fn shares_add_up_to_the_limit_and_rounding(
+            requests in 0u64..=u64::MAX / 2,
+            nodes in 1u64..=10_000,
+        ) {
+            let limit = Limit::new(Algorithm::FixedWindow, requests, 3_600_000_000, None).unwrap();
+            let share = share_of(&limit, nodes);
+            let total = u128::from(share.requests) * u128::from(nodes);
+            proptest::prop_assert!(total >= u128::from(requests));
+            proptest::prop_assert!(total < u128::from(requests) + u128::from(nodes));
+            proptest::prop_assert!(requests == 0 || share.requests >= 1);
+            proptest::prop_assert_eq!(share.burst, share.requests);
         }
     }
 

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::{BreakerState, Circuit};
-use super::fallback::PolicyDecisions;
+use super::fallback::{FleetShare, PolicyDecisions};
 use super::lease::GiveBack;
 use super::over_limit::Denials;
-use super::redis::Reached;
+use super::redis::{FleetBeat, Reached};
 use super::{Backend, MemoryStore};
 
 /// The upkeep of one store stack.
@@ -34,6 +34,16 @@ pub(super) struct SharedUpkeep {
     pub leases: GiveBack<Backend>,
     pub circuit: Arc<Circuit>,
     pub reached: Reached,
+    /// The fleet heartbeat (None with `--fleet-heartbeat 0s`), and what `local` learns of it.
+    pub fleet: Option<Fleet>,
+}
+
+/// This node's heartbeat and the fleet share the failure policy reads.
+pub(super) struct Fleet {
+    pub beat: FleetBeat,
+    pub share: Arc<FleetShare>,
+    pub every: Duration,
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl Upkeep {
@@ -64,6 +74,40 @@ impl Upkeep {
     /// shared backend or without a lease of it.
     pub fn leased(&self, key: &[u8]) -> Option<u64> {
         self.shared.as_ref().and_then(|s| s.leases.held_for(key))
+    }
+
+    /// How often [`Upkeep::beat`] should run; None without a fleet heartbeat.
+    pub fn beat_every(&self) -> Option<Duration> {
+        self.shared.as_ref()?.fleet.as_ref().map(|f| f.every)
+    }
+
+    /// Announces this node to the fleet and learns how many nodes are live (kept for
+    /// `failure_mode: local` while Redis is lost: the last count seen stands). Returns it.
+    pub async fn beat(&self) -> Option<u64> {
+        let fleet = self.shared.as_ref()?.fleet.as_ref()?;
+        let every_ms = u64::try_from(fleet.every.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let now_ms = fleet.clock.now_micros() / 1_000;
+        match fleet.beat.beat(now_ms, every_ms.saturating_mul(3)).await {
+            Ok(Some(live)) => {
+                fleet.share.set(live);
+                Some(live)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "fleet heartbeat failed; the last fleet size stands");
+                None
+            }
+        }
+    }
+
+    /// The fleet size `failure_mode: local` divides limits by now.
+    pub fn fleet_nodes(&self) -> u64 {
+        self.shared
+            .as_ref()
+            .and_then(|s| s.fleet.as_ref())
+            .map_or(1, |f| f.share.nodes())
     }
 
     /// How often [`Upkeep::give_back`] should run; None when nothing is ever held.

@@ -251,6 +251,67 @@ impl Pool {
     }
 }
 
+/// A node's heartbeat: while Redis answers, each node puts itself in one sorted set (scored by
+/// its clock, members older than the time to live dropped, the key itself expiring with them),
+/// and reads how many are live. When Redis is lost, `failure_mode: local` enforces this node's
+/// share of each limit over the fleet it last saw (see `fallback`).
+pub struct FleetBeat {
+    pool: Arc<Pool>,
+    key: Vec<u8>,
+    member: String,
+    timeout: Duration,
+}
+
+impl FleetBeat {
+    /// Announces this node at `now_ms` for `ttl_ms`; the live nodes counted (this one too).
+    /// None while no connection is made yet (requests make them; a beat never waits on one).
+    pub async fn beat(&self, now_ms: u64, ttl_ms: u64) -> Result<Option<u64>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&self.key)
+            .arg(now_ms)
+            .arg(&self.member)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&self.key)
+            .arg("-inf")
+            .arg(format!("({}", now_ms.saturating_sub(ttl_ms)))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.key)
+            .arg(ttl_ms)
+            .ignore()
+            .cmd("ZCARD")
+            .arg(&self.key);
+        let call = async {
+            let live: redis::RedisResult<Option<u64>> = match &self.pool.conns {
+                Connections::Standalone { conns, .. } => {
+                    let Some(conn) = conns.iter().find_map(|c| c.load_full()) else {
+                        return Ok(None);
+                    };
+                    let mut conn = (*conn).clone();
+                    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
+                    Ok(Some(live))
+                }
+                Connections::Cluster { conn, .. } => {
+                    let Some(conn) = conn.load_full() else {
+                        return Ok(None);
+                    };
+                    let mut conn = (*conn).clone();
+                    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
+                    Ok(Some(live))
+                }
+            };
+            live
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(live)) => Ok(live),
+            Ok(Err(e)) => Err(StoreError::unavailable(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
 fn connect_timed_out() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -334,6 +395,18 @@ impl RedisStore {
             timeout: options.timeout,
             pinned: None,
         })
+    }
+
+    /// This node's heartbeat in the fleet set (see [`FleetBeat`]), as `member`.
+    pub fn fleet_beat(&self, member: String) -> FleetBeat {
+        let mut key = self.prefix.clone();
+        key.extend_from_slice(b"{fleet}");
+        FleetBeat {
+            pool: self.pool.clone(),
+            key,
+            member,
+            timeout: self.timeout.max(Duration::from_millis(100)),
+        }
     }
 
     /// Whether Redis has been reached, for the upkeep (readiness).
