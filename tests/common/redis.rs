@@ -228,10 +228,12 @@ impl RedisServer {
     }
 
     /// The hits counted in every fixed window whose key matches `pattern` (fixed_window.lua
-    /// keeps a window's count in a hash, one field per window).
+    /// keeps a window's count in a hash, one field per window). Keys that are not hashes (the
+    /// fleet heartbeat's sorted set) hold no counts.
     pub fn fixed_window_counts(&self, pattern: &str) -> u64 {
         self.cli(&["--scan", "--pattern", pattern])
             .lines()
+            .filter(|key| self.cli(&["TYPE", key]).trim() == "hash")
             .map(|key| {
                 self.cli(&["HVALS", key])
                     .lines()
