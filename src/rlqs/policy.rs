@@ -243,11 +243,16 @@ impl Holding {
         self.denied = self.denied.saturating_add(denied);
     }
 
-    fn limited(&mut self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
-        let grant = |h: &Self| Step::Grant {
-            want: h.want(now_us, period_end_us, rate, fleet),
+    /// A grant for the period ending at `period_end_us`, sized by [`Holding::want`].
+    fn grant(&self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
+        Step::Grant {
+            want: self.want(now_us, period_end_us, rate, fleet),
             until_us: period_end_us,
-        };
+        }
+    }
+
+    fn limited(&mut self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
+        let grant = |h: &Self| h.grant(now_us, period_end_us, rate, fleet);
         match self.assigned {
             Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
                 let spent = self.denied > 0 || self.used >= size;
@@ -357,38 +362,22 @@ impl Holding {
             Assigned::AllowAll { .. } => Some(0),
             Assigned::Nothing => None,
         };
-        if let (
-            Some(until_us),
-            Treatment::Limited {
-                period_end_us,
-                rate,
-            },
-        ) = (current, treatment)
-            && until_us != period_end_us
+        if let Treatment::Limited {
+            period_end_us,
+            rate,
+        } = treatment
         {
-            self.grant_between_reports = true;
-            return Step::Grant {
-                want: self.want(now_us, period_end_us, rate, fleet),
-                until_us: period_end_us,
-            };
-        }
-        if let (
-            Assigned::Tokens { until_us, .. },
-            Treatment::Limited {
-                period_end_us,
-                rate,
-            },
-        ) = (self.assigned, treatment)
-            && until_us == period_end_us
-            && self.demand > 0.0
-            && self.plentiful(now_us, period_end_us, fleet)
-            && self.runs_out_soon(now_us)
-        {
-            self.grant_between_reports = true;
-            return Step::Grant {
-                want: self.want(now_us, period_end_us, rate, fleet),
-                until_us: period_end_us,
-            };
+            let new_period = current.is_some_and(|until_us| until_us != period_end_us);
+            // With room to spare, a grant about to run out is topped up between reports.
+            let top_up = matches!(self.assigned,
+                Assigned::Tokens { until_us, .. } if until_us == period_end_us)
+                && self.demand > 0.0
+                && self.plentiful(now_us, period_end_us, fleet)
+                && self.runs_out_soon(now_us);
+            if new_period || top_up {
+                self.grant_between_reports = true;
+                return self.grant(now_us, period_end_us, rate, fleet);
+            }
         }
         match self.assigned {
             Assigned::Tokens {

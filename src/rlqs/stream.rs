@@ -109,6 +109,17 @@ pub enum Kind {
 }
 
 impl Resolved {
+    /// No rule applies: allowed.
+    fn allowed(failure_mode: FailureMode) -> Self {
+        Self {
+            entries: None,
+            rule: None,
+            kind: Kind::Allow,
+            limits: Vec::new(),
+            failure_mode,
+        }
+    }
+
     pub fn treatment(&self, now_us: u64) -> Treatment {
         match self.kind {
             Kind::Allow => Treatment::Allow,
@@ -137,15 +148,8 @@ pub fn resolve(
     global_shadow: bool,
     default_failure_mode: FailureMode,
 ) -> Result<Resolved, EngineError> {
-    let allowed = Resolved {
-        entries: None,
-        rule: None,
-        kind: Kind::Allow,
-        limits: Vec::new(),
-        failure_mode: default_failure_mode,
-    };
     let Some(ordered) = rules.domain(domain).and_then(|d| d.order_entries(entries)) else {
-        return Ok(allowed);
+        return Ok(Resolved::allowed(default_failure_mode));
     };
     let request = engine::Request {
         domain: domain.to_owned(),
@@ -153,7 +157,7 @@ pub fn resolve(
     };
     let explained = engine::explain(rules, &request)?;
     let Some(descriptor) = explained.descriptors.first() else {
-        return Ok(allowed);
+        return Ok(Resolved::allowed(default_failure_mode));
     };
     let entries = Some(
         ordered
@@ -207,8 +211,9 @@ pub struct Session<S: Store> {
     shared: Arc<Shared<S>>,
     /// The stream's domain, from its first report.
     domain: Option<String>,
-    /// By the bucket id's entries, sorted (the counter's id in the ledger too).
-    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    /// By the stream's domain and the bucket id's entries, sorted: the counter's id in the
+    /// node's ledger too.
+    buckets: HashMap<CounterId, Bucket>,
 }
 
 /// A tick starts this long after the second, so a window that ends on the second has ended.
@@ -307,13 +312,8 @@ impl<S: Store> Session<S> {
                 self.observe(|o| o.refused(Refusal::BucketIdTooLarge));
                 continue;
             }
-            let mut key: Vec<(String, String)> = id
-                .bucket
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            key.sort_unstable();
-            let fresh = !self.buckets.contains_key(&key);
+            let counter: CounterId = (domain.clone(), sorted(&id));
+            let fresh = !self.buckets.contains_key(&counter);
             if fresh && !self.admit_bucket() {
                 continue;
             }
@@ -324,11 +324,11 @@ impl<S: Store> Session<S> {
                 denied: usage.num_requests_denied,
                 elapsed_us: wire::elapsed_us(usage.time_elapsed.as_ref()),
             };
-            let bucket = match self.buckets.entry(key) {
+            let bucket = match self.buckets.entry(counter.clone()) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let resolved = resolve_id(&shared, &rules, &domain, &id);
-                    shared.ledger.join(&(domain.clone(), e.key().clone()));
+                    shared.ledger.join(e.key());
                     e.insert(Bucket {
                         id,
                         rules: rules.clone(),
@@ -338,7 +338,6 @@ impl<S: Store> Session<S> {
                 }
             };
             refresh(&shared, bucket, &rules, &domain);
-            let counter: CounterId = (domain.clone(), sorted(&bucket.id));
             let treatment = bucket.resolved.treatment(now);
             if fresh
                 && usage.elapsed_us == 0
@@ -366,14 +365,14 @@ impl<S: Store> Session<S> {
                 held.after(&shared, &counter, &Holding::default());
                 actions.push(wire::abandon(&bucket.id));
                 self.observe(|o| o.assigned(AssignmentKind::Abandon));
-                abandoned.push(counter.1);
+                abandoned.push(counter);
                 continue;
             }
             execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
             held.after(&shared, &counter, &bucket.holding);
         }
-        for key in abandoned {
-            self.forget(&key);
+        for counter in abandoned {
+            self.forget(&counter);
         }
         if configured {
             self.observe(|o| o.reported(&domain, allowed, denied));
@@ -402,17 +401,15 @@ impl<S: Store> Session<S> {
         true
     }
 
-    fn forget(&mut self, key: &Vec<(String, String)>) {
-        if let Some(bucket) = self.buckets.remove(key) {
-            let domain = self.domain.clone().unwrap_or_default();
-            let counter = (domain, key.clone());
+    fn forget(&mut self, counter: &CounterId) {
+        if let Some(bucket) = self.buckets.remove(counter) {
             if let Assigned::Tokens { until_us, .. } = bucket.holding.assigned {
                 let unspent = bucket.holding.unspent(until_us);
                 self.shared
                     .ledger
-                    .held_changed(&counter, until_us, unspent, 0);
+                    .held_changed(counter, until_us, unspent, 0);
             }
-            self.shared.ledger.leave(&counter, bucket.holding.demand);
+            self.shared.ledger.leave(counter, bucket.holding.demand);
             self.shared.ledger.buckets.fetch_sub(1, Ordering::Relaxed);
             self.observe(|o| o.buckets(-1));
         }
@@ -421,22 +418,21 @@ impl<S: Store> Session<S> {
     /// The periodic step (every second, on the second): new grants where a window ended,
     /// renewals that carry an assignment to its window's end.
     pub async fn tick(&mut self) -> Vec<BucketAction> {
-        let Some(domain) = self.domain.clone() else {
+        let Some(domain) = self.domain.as_deref() else {
             return Vec::new();
         };
-        let shared = self.shared.clone();
+        let shared = &self.shared;
         let rules = shared.engine.rules();
         let now = shared.clock.now_micros();
         let mut actions = Vec::new();
-        for (key, bucket) in &mut self.buckets {
-            refresh(&shared, bucket, &rules, &domain);
+        for (counter, bucket) in &mut self.buckets {
+            refresh(shared, bucket, &rules, domain);
             let treatment = bucket.resolved.treatment(now);
-            let counter: CounterId = (domain.clone(), key.clone());
-            let fleet = fleet_of(&shared, &counter, treatment);
+            let fleet = fleet_of(shared, counter, treatment);
             let held = Held::before(&bucket.holding, treatment);
             let step = bucket.holding.on_tick(now, treatment, fleet);
-            execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
-            held.after(&shared, &counter, &bucket.holding);
+            execute(shared, domain, bucket, step, now, counter, &mut actions).await;
+            held.after(shared, counter, &bucket.holding);
         }
         actions
     }
@@ -446,9 +442,9 @@ impl<S: Store> Session<S> {
 /// time to live (at most the window it was charged to).
 impl<S: Store> Drop for Session<S> {
     fn drop(&mut self) {
-        let keys: Vec<_> = self.buckets.keys().cloned().collect();
-        for key in keys {
-            self.forget(&key);
+        let counters: Vec<_> = self.buckets.keys().cloned().collect();
+        for counter in counters {
+            self.forget(&counter);
         }
         self.observe(|o| o.stream_closed());
     }
@@ -513,13 +509,7 @@ fn resolve_id<S: Store>(
         // The bounds were checked on the way in; a rule the explain path refuses is allowed
         // rather than guessed at.
         tracing::warn!(error = %e, "RLQS bucket not resolved; allowed");
-        Resolved {
-            entries: None,
-            rule: None,
-            kind: Kind::Allow,
-            limits: Vec::new(),
-            failure_mode: shared.options.default_failure_mode,
-        }
+        Resolved::allowed(shared.options.default_failure_mode)
     })
 }
 
@@ -538,21 +528,25 @@ fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatm
     }
 }
 
+/// A request of one descriptor: a bucket's entries, in the rules' order, with `hits`.
+fn one(domain: &str, entries: &[(String, String)], hits: u64) -> engine::Request {
+    engine::Request {
+        domain: domain.to_owned(),
+        descriptors: vec![engine::Descriptor {
+            entries: entries.to_vec(),
+            hits,
+            ..engine::Descriptor::default()
+        }],
+    }
+}
+
 /// Charges `hits` the Envoy admitted on its own (its fallback, or a shadow rule), whatever the
 /// counter says: they were admitted already.
 async fn charge<S: Store>(shared: &Shared<S>, domain: &str, resolved: &Resolved, hits: u64) {
     let Some(entries) = &resolved.entries else {
         return;
     };
-    let request = engine::Request {
-        domain: domain.to_owned(),
-        descriptors: vec![engine::Descriptor {
-            entries: entries.clone(),
-            hits,
-            ..engine::Descriptor::default()
-        }],
-    };
-    if let Err(e) = shared.engine.decide(&request).await {
+    if let Err(e) = shared.engine.decide(&one(domain, entries, hits)).await {
         tracing::debug!(error = %e, "RLQS: charging reported usage failed");
     }
 }
@@ -680,15 +674,7 @@ async fn grant<S: Store>(
     };
     let mut hits = want;
     for _ in 0..3 {
-        let request = engine::Request {
-            domain: domain.to_owned(),
-            descriptors: vec![engine::Descriptor {
-                entries: entries.clone(),
-                hits,
-                ..engine::Descriptor::default()
-            }],
-        };
-        let decision = match shared.engine.decide(&request).await {
+        let decision = match shared.engine.decide(&one(domain, entries, hits)).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, domain, "RLQS grant failed; no assignment");
