@@ -602,18 +602,19 @@ impl<S: Store> Engine<S> {
         self.settings.bounds.check(request)?;
         let rules = self.rules();
         let explanation = explain(&rules, request)?;
-        let mut owned = Vec::new();
-        for (i, d) in explanation.descriptors.iter().enumerate() {
-            for c in d.checks.iter().filter(|c| !c.replaced) {
-                owned.push((i, c.tier.clone(), c.key.clone(), c.tag.clone()));
-            }
-        }
-        let checks: Vec<Check<'_>> = owned
+        // The checks a decision would make (the ones `replaces` drops left out), by descriptor.
+        let looked: Vec<(usize, &ExplainedCheck)> = explanation
+            .descriptors
             .iter()
-            .map(|(_, tier, key, tag)| Check {
-                tag,
+            .enumerate()
+            .flat_map(|(i, d)| d.checks.iter().filter(|c| !c.replaced).map(move |c| (i, c)))
+            .collect();
+        let checks: Vec<Check<'_>> = looked
+            .iter()
+            .map(|(_, c)| Check {
+                tag: &c.tag,
                 mode: Some(crate::counter::Mode::Strict),
-                ..Check::enforce(key, &tier.limit, 0)
+                ..Check::enforce(&c.key, &c.tier.limit, 0)
             })
             .collect();
         let outcome = if checks.is_empty() {
@@ -621,25 +622,19 @@ impl<S: Store> Engine<S> {
         } else {
             self.store.apply(&checks).await?
         };
-        let mut descriptors: Vec<Peeked> = explanation
+        // An unknown domain explains no descriptor: each is answered with no rule and no limit.
+        let mut descriptors: Vec<Peeked> = request
             .descriptors
             .iter()
-            .map(|d| Peeked {
-                rule: d.rule.map(|r| r.path.clone()),
-                limits: Vec::new(),
-            })
+            .map(|_| Peeked::default())
             .collect();
-        for ((i, tier, key, _), verdict) in owned.iter().zip(&outcome.verdicts) {
+        for (d, peeked) in explanation.descriptors.iter().zip(&mut descriptors) {
+            peeked.rule = d.rule.map(|r| r.path.clone());
+        }
+        for ((i, c), verdict) in looked.iter().zip(&outcome.verdicts) {
             descriptors[*i]
                 .limits
-                .push((tier.clone(), *verdict, key.clone()));
-        }
-        if explanation.domain.is_none() {
-            descriptors = request
-                .descriptors
-                .iter()
-                .map(|_| Peeked::default())
-                .collect();
+                .push((c.tier.clone(), *verdict, c.key.clone()));
         }
         Ok(Peek {
             descriptors,
