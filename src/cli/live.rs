@@ -1,5 +1,5 @@
-//! The tools that read a running sluice over its HTTP port: `inspect` (`GET /counters`) and
-//! `top` (`GET /top`), and their tables.
+//! The tools that read a running sluice over its HTTP port: `probe` (`GET /readyz`), `inspect`
+//! (`GET /counters`) and `top` (`GET /top`), and their tables.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// `GET path` on `addr` (0.0.0.0 reached on loopback), its JSON body; the server's reason when
-/// it answers otherwise than 200.
-fn get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
+/// `GET path` on `addr` (a listener on 0.0.0.0 is reached on loopback), waiting at most
+/// `patience` to connect and for each read: the status code and the body.
+fn get(addr: SocketAddr, path: &str, patience: Duration) -> Result<(u16, String), String> {
     use std::io::{Read, Write};
     let addr = if addr.ip().is_unspecified() {
         SocketAddr::from(([127, 0, 0, 1], addr.port()))
@@ -18,8 +18,8 @@ fn get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
         addr
     };
     let response = (|| -> std::io::Result<String> {
-        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, patience)?;
+        stream.set_read_timeout(Some(patience))?;
         write!(
             stream,
             "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
@@ -30,10 +30,35 @@ fn get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
     })()
     .map_err(|e| format!("{addr}: {e}"))?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if head.get(9..12) != Some("200") {
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("{addr} answered what is not HTTP"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// `GET path`'s JSON body; the server's reason when it answers otherwise than 200.
+fn get_json(addr: SocketAddr, path: &str) -> Result<Value, String> {
+    let (status, body) = get(addr, path, Duration::from_secs(5))?;
+    if status != 200 {
         return Err(format!("{addr} answered: {}", body.trim()));
     }
-    serde_json::from_str(body).map_err(|e| format!("{addr} answered what is not JSON: {e}"))
+    serde_json::from_str(&body).map_err(|e| format!("{addr} answered what is not JSON: {e}"))
+}
+
+/// `sluice probe`: exits 0 when `/readyz` says ready (the container's health check).
+pub fn probe(addr: SocketAddr) -> ExitCode {
+    match get(addr, "/readyz", Duration::from_secs(1)) {
+        Ok((200, _)) => ExitCode::SUCCESS,
+        Ok(_) => {
+            eprintln!("sluice: not ready");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `sluice inspect`.

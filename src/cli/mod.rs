@@ -1,6 +1,6 @@
 //! The `sluice` command line: `serve` (its flags become a [`server::Config`](crate::server::Config)
 //! in `serve`), the tools that need no server (`validate`, `explain`, `schema`), and those that
-//! ask a running one (`probe`; `inspect` and `top` in `live`).
+//! ask a running one (`probe`, `inspect` and `top`, in `live`).
 //! Run as `ratelimit` (or with `SLUICE_REFERENCE_ENV=true`), the reference service's
 //! environment is read in too (`reference_env`).
 
@@ -176,7 +176,7 @@ impl Tool {
     pub fn run(self, load: LoadOptions) -> ExitCode {
         match self {
             Tool::Validate { path } => validate(&path, load),
-            Tool::Probe { http_addr } => probe(http_addr),
+            Tool::Probe { http_addr } => live::probe(http_addr),
             Tool::Inspect {
                 http_addr,
                 domain,
@@ -237,35 +237,6 @@ fn validate(path: &std::path::Path, load: LoadOptions) -> ExitCode {
         }
         Err(errors) => {
             println!("{errors}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn probe(addr: SocketAddr) -> ExitCode {
-    use std::io::{Read, Write};
-    // A listener on 0.0.0.0 is reached on loopback.
-    let addr = if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    };
-    let ready = (|| -> std::io::Result<bool> {
-        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
-        stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n")?;
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head)?;
-        Ok(&head[9..12] == b"200")
-    })();
-    match ready {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("sluice: not ready");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("sluice: {addr}: {e}");
             ExitCode::FAILURE
         }
     }
