@@ -84,6 +84,19 @@ fn node(store: &StoreConfig, clock: &Arc<ManualClock>, options: QuotaOptions) ->
     }
 }
 
+/// Two nodes on `redis`, on one clock (Redis's too); nothing is decided by a failure policy.
+fn two_redis_nodes(redis: &RedisServer, clock: &Arc<ManualClock>) -> (Node, Node) {
+    let store = StoreConfig {
+        failure_mode: FailureMode::Error,
+        clocks: Clocks::pinned(clock.clone()),
+        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
+    };
+    (
+        node(&store, clock, QuotaOptions::default()),
+        node(&store, clock, QuotaOptions::default()),
+    )
+}
+
 fn memory_node(clock: &Arc<ManualClock>) -> Node {
     node(
         &common::memory(clock, 100_000),
@@ -131,10 +144,18 @@ impl SimEnvoy {
 }
 
 /// What the Envoys admitted in each window of `window_s`, by window start.
-#[derive(Default)]
 struct Tally {
     window_s: u64,
     admitted: BTreeMap<u64, u64>,
+}
+
+impl Tally {
+    fn per(window_s: u64) -> Self {
+        Self {
+            window_s,
+            admitted: BTreeMap::new(),
+        }
+    }
 }
 
 /// Runs the Envoys from the clock's time for `seconds`, in 10 ms steps: requests at each
@@ -190,10 +211,7 @@ async fn above_the_limit(nodes: &[&Node], clock: &Arc<ManualClock>) -> (Tally, [
         SimEnvoy::new(nodes[1 % nodes.len()], 12.0, API, start + 1_700 * MS),
         SimEnvoy::new(nodes[0], 4.0, API, start + 3_300 * MS),
     ];
-    let mut tally = Tally {
-        window_s: 60,
-        ..Tally::default()
-    };
+    let mut tally = Tally::per(60);
     run(clock, &mut envoys, 300, &mut tally).await;
     let shares = [envoys[0].admitted, envoys[1].admitted, envoys[2].admitted];
     (tally, shares)
@@ -245,13 +263,7 @@ async fn three_envoys_above_the_limit_admit_at_most_it_and_nine_tenths_of_it() {
 async fn two_nodes_on_one_redis_hold_the_limit_together() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(START));
-    let store = StoreConfig {
-        failure_mode: FailureMode::Error,
-        clocks: Clocks::pinned(clock.clone()),
-        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
-    };
-    let a = node(&store, &clock, QuotaOptions::default());
-    let b = node(&store, &clock, QuotaOptions::default());
+    let (a, b) = two_redis_nodes(&redis, &clock);
     let (tally, shares) = above_the_limit(&[&a, &b], &clock).await;
     eprintln!(
         "Redis, two nodes: admitted per minute {:?}, by Envoy {shares:?}",
@@ -272,10 +284,7 @@ async fn under_the_limit(load: f64) -> (u64, u64) {
         SimEnvoy::new(&node, rate * 0.3, API, start + 2_100 * MS),
         SimEnvoy::new(&node, rate * 0.1, API, start + 4_000 * MS),
     ];
-    let mut tally = Tally {
-        window_s: 60,
-        ..Tally::default()
-    };
+    let mut tally = Tally::per(60);
     run(&clock, &mut envoys, 180, &mut tally).await;
     assert!(
         tally.admitted.values().all(|n| *n <= 1200),
@@ -319,10 +328,7 @@ async fn several_tiers_hold_together() {
         SimEnvoy::new(&node, 12.0, tiers, start),
         SimEnvoy::new(&node, 8.0, tiers, start + 2_500 * MS),
     ];
-    let mut seconds = Tally {
-        window_s: 1,
-        ..Tally::default()
-    };
+    let mut seconds = Tally::per(1);
     run(&clock, &mut envoys, 120, &mut seconds).await;
     // 10 a second, 300 an hour: the hour runs out after about half a minute.
     for (second, n) in &seconds.admitted {
@@ -343,10 +349,7 @@ async fn a_sliding_window_holds_over_any_minute_boundary() {
         SimEnvoy::new(&node, 15.0, sliding, start),
         SimEnvoy::new(&node, 5.0, sliding, start + 1_000 * MS),
     ];
-    let mut tally = Tally {
-        window_s: 60,
-        ..Tally::default()
-    };
+    let mut tally = Tally::per(60);
     run(&clock, &mut envoys, 240, &mut tally).await;
     for (window, n) in &tally.admitted {
         assert!(*n <= 600, "minute {window}: {n} admitted of 600");
@@ -357,22 +360,13 @@ async fn a_sliding_window_holds_over_any_minute_boundary() {
 async fn an_envoy_that_moves_to_another_node_keeps_the_fleet_within_the_limit() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(START));
-    let store = StoreConfig {
-        failure_mode: FailureMode::Error,
-        clocks: Clocks::pinned(clock.clone()),
-        ..shared_config(Topology::Standalone(redis.url()), Duration::from_secs(5))
-    };
-    let a = node(&store, &clock, QuotaOptions::default());
-    let b = node(&store, &clock, QuotaOptions::default());
+    let (a, b) = two_redis_nodes(&redis, &clock);
     let start = clock.now_micros();
     let mut envoys = vec![
         SimEnvoy::new(&a, 30.0, API, start),
         SimEnvoy::new(&b, 10.0, API, start + 2_000 * MS),
     ];
-    let mut tally = Tally {
-        window_s: 60,
-        ..Tally::default()
-    };
+    let mut tally = Tally::per(60);
     run(&clock, &mut envoys, 37, &mut tally).await;
     // Node a goes away mid-window (a rollout): its Envoy's stream is gone, it keeps what it
     // holds, and resubscribes on node b at its next report with every bucket.
