@@ -456,35 +456,39 @@ async fn unhealthy_until_redis_is_reached() {
     assert_eq!(common::http_get(addr, "/readyz").await.0, 200);
 }
 
-#[tokio::test]
-async fn inspect_prints_what_each_limit_has_left_without_spending() {
-    let dir = common::temp_dir("inspect");
-    std::fs::write(
-        dir.join("a.yaml"),
-        "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5, name: hourly}\n      - {unit: day, requests_per_unit: 50, name: daily}\n",
-    )
-    .unwrap();
+/// `sluice serve` on `rules` (domain `a`) with `extra` flags, once `hits` calls for `k=value`
+/// were made: the server and its HTTP port.
+async fn serve_after_hits(
+    name: &str,
+    rules: &str,
+    extra: &[&str],
+    value: &str,
+    hits: usize,
+) -> (tokio::process::Child, u16) {
+    let dir = common::temp_dir(name);
+    std::fs::write(dir.join("a.yaml"), rules).unwrap();
     let (http, grpc) = (common::free_port(), common::free_port());
-    let _child = serve(
-        &dir,
-        http,
-        &[
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc}"),
-            "--drain-delay",
-            "0s",
-        ],
-    );
+    let grpc_addr = format!("127.0.0.1:{grpc}");
+    let mut flags = vec!["--grpc-addr", &grpc_addr, "--drain-delay", "0s"];
+    flags.extend_from_slice(extra);
+    let child = serve(&dir, http, &flags);
     let mut client = healthy_client(http, grpc).await;
-    for _ in 0..2 {
+    for _ in 0..hits {
         client
             .should_rate_limit(common::request(
                 "a",
-                vec![common::descriptor(&[("k", "secret-key-1")])],
+                vec![common::descriptor(&[("k", value)])],
             ))
             .await
             .unwrap();
     }
+    (child, http)
+}
+
+#[tokio::test]
+async fn inspect_prints_what_each_limit_has_left_without_spending() {
+    let rules = "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5, name: hourly}\n      - {unit: day, requests_per_unit: 50, name: daily}\n";
+    let (_child, http) = serve_after_hits("inspect", rules, &[], "secret-key-1", 2).await;
     let inspect = || {
         sluice()
             .args(["inspect", "--http-addr", &format!("127.0.0.1:{http}")])
@@ -529,34 +533,10 @@ async fn inspect_prints_what_each_limit_has_left_without_spending() {
 
 #[tokio::test]
 async fn top_prints_who_is_limited() {
-    let dir = common::temp_dir("top");
-    std::fs::write(
-        dir.join("a.yaml"),
-        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
-    )
-    .unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let _child = serve(
-        &dir,
-        http,
-        &[
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc}"),
-            "--drain-delay",
-            "0s",
-            "--show-descriptor-values",
-        ],
-    );
-    let mut client = healthy_client(http, grpc).await;
-    for _ in 0..4 {
-        client
-            .should_rate_limit(common::request(
-                "a",
-                vec![common::descriptor(&[("k", "noisy")])],
-            ))
-            .await
-            .unwrap();
-    }
+    let rules =
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let (_child, http) =
+        serve_after_hits("top", rules, &["--show-descriptor-values"], "noisy", 4).await;
     let out = sluice()
         .args(["top", "--once", "--http-addr", &format!("127.0.0.1:{http}")])
         .output()
