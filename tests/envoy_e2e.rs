@@ -49,26 +49,8 @@ fn bootstrap(ports: Ports, domain: &str, routes: &str, rls_cluster: &str) -> Str
         admin,
         rls,
     } = ports;
-    format!(
+    let filter = format!(
         r#"
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front_http
-          route_config:
-            virtual_hosts:
-            - name: front
-              domains: ["*"]
-              routes:{routes}
-          http_filters:
           - name: envoy.filters.http.ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
@@ -78,10 +60,10 @@ static_resources:
               enable_x_ratelimit_headers: DRAFT_VERSION_03
               rate_limit_service:
                 grpc_service: {{envoy_grpc: {{cluster_name: rls}}, timeout: 2s}}
-                transport_api_version: V3
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+                transport_api_version: V3"#
+    );
+    let backend_listener = format!(
+        r#"
   - name: backend
     address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}
     filter_chains:
@@ -101,25 +83,75 @@ static_resources:
           http_filters:
           - name: envoy.filters.http.router
             typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: rls
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}{rls_cluster}
-    load_assignment:
-      cluster_name: rls
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+    );
+    let clusters = format!(
+        r#"{}
   - name: backend
     type: STATIC
     connect_timeout: 1s
     load_assignment:
       cluster_name: backend
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}}}}}]}}]
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}}}}}]}}]"#,
+        grpc_cluster("rls", rls, rls_cluster)
+    );
+    front_envoy(admin, front, routes, &filter, &backend_listener, &clusters)
+}
+
+/// An Envoy bootstrap: the admin on `admin`, the listener `front` with `routes` and the HTTP
+/// `filter` before the router, then `more_listeners` and the `clusters` (YAML, indented for
+/// their places).
+fn front_envoy(
+    admin: u16,
+    front: u16,
+    routes: &str,
+    filter: &str,
+    more_listeners: &str,
+    clusters: &str,
+) -> String {
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front_http
+          route_config:
+            virtual_hosts:
+            - name: front
+              domains: ["*"]
+              routes:{routes}
+          http_filters:{filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router{more_listeners}
+  clusters:{clusters}
 "#
+    )
+}
+
+/// A cluster of one HTTP/2 (gRPC) endpoint on loopback `port`; `extra` goes after its protocol
+/// options (a transport socket).
+fn grpc_cluster(name: &str, port: u16, extra: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}{extra}
+    load_assignment:
+      cluster_name: {name}
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]"#
     )
 }
 
@@ -702,32 +734,14 @@ const RLQS_LIMIT: u64 = 300;
 /// domain `rlqs`, sluice's RLQS on loopback port `rlqs`; exact settings (deny with no
 /// assignment, nothing on expiry) as deploy/envoy/rlqs.yaml recommends.
 fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16) -> String {
-    format!(
-        r#"
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front_http
-          route_config:
-            virtual_hosts:
-            - name: front
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
-          http_filters:
+    let routes = r#"
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "ok\n"}}"#;
+    let filter = r#"
           - name: envoy.filters.http.rate_limit_quota
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-              rlqs_server: {{envoy_grpc: {{cluster_name: sluice}}}}
+              rlqs_server: {envoy_grpc: {cluster_name: sluice}}
               domain: rlqs
               bucket_matchers:
                 on_no_match:
@@ -737,25 +751,17 @@ static_resources:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
                       bucket_id_builder:
                         bucket_id_builder:
-                          route: {{string_value: api}}
+                          route: {string_value: api}
                       reporting_interval: 5s
                       no_assignment_behavior:
-                        fallback_rate_limit: {{blanket_rule: DENY_ALL}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: sluice
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: sluice
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rlqs}}}}}}}}}]}}]
-"#
+                        fallback_rate_limit: {blanket_rule: DENY_ALL}"#;
+    front_envoy(
+        admin,
+        front,
+        routes,
+        filter,
+        "",
+        &grpc_cluster("sluice", rlqs, ""),
     )
 }
 
