@@ -283,26 +283,20 @@ impl FleetBeat {
             .ignore()
             .cmd("ZCARD")
             .arg(&self.key);
+        // On a connection already made, if any: a beat never waits on connecting.
         let call = async {
-            let live: redis::RedisResult<Option<u64>> = match &self.pool.conns {
+            match &self.pool.conns {
                 Connections::Standalone { conns, .. } => {
-                    let Some(conn) = conns.iter().find_map(|c| c.load_full()) else {
-                        return Ok(None);
-                    };
-                    let mut conn = (*conn).clone();
-                    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
-                    Ok(Some(live))
+                    match conns.iter().find_map(|c| c.load_full()) {
+                        Some(conn) => live_count(&pipe, (*conn).clone()).await,
+                        None => Ok(None),
+                    }
                 }
-                Connections::Cluster { conn, .. } => {
-                    let Some(conn) = conn.load_full() else {
-                        return Ok(None);
-                    };
-                    let mut conn = (*conn).clone();
-                    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
-                    Ok(Some(live))
-                }
-            };
-            live
+                Connections::Cluster { conn, .. } => match conn.load_full() {
+                    Some(conn) => live_count(&pipe, (*conn).clone()).await,
+                    None => Ok(None),
+                },
+            }
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(live)) => Ok(live),
@@ -310,6 +304,15 @@ impl FleetBeat {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+}
+
+/// Runs the heartbeat's pipeline on `conn`: the live nodes its last command counted.
+async fn live_count(
+    pipe: &redis::Pipeline,
+    mut conn: impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<Option<u64>> {
+    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
+    Ok(Some(live))
 }
 
 fn connect_timed_out() -> redis::RedisError {
