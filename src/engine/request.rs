@@ -162,6 +162,33 @@ impl Default for Bounds {
 }
 
 impl Bounds {
+    /// Descriptor `i`'s entries: some, not too many, no empty key, none too long.
+    pub fn check_entries(&self, i: usize, entries: &[(String, String)]) -> Result<(), EngineError> {
+        let invalid = |m: String| Err(EngineError::Invalid(m));
+        if entries.is_empty() {
+            return invalid(format!("descriptor {i} has no entries"));
+        }
+        if entries.len() > self.max_entries {
+            return invalid(format!(
+                "descriptor {i} has {} entries; the limit is {}",
+                entries.len(),
+                self.max_entries
+            ));
+        }
+        for (j, (k, v)) in entries.iter().enumerate() {
+            if k.is_empty() {
+                return invalid(format!("descriptor {i} entry {j} has an empty key"));
+            }
+            if k.len() > self.max_entry_bytes || v.len() > self.max_entry_bytes {
+                return invalid(format!(
+                    "descriptor {i} entry {j} is longer than {} bytes",
+                    self.max_entry_bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn check(&self, r: &Request) -> Result<(), EngineError> {
         let invalid = |m: String| Err(EngineError::Invalid(m));
         if r.domain.is_empty() {
@@ -185,27 +212,7 @@ impl Bounds {
             ));
         }
         for (i, d) in r.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return invalid(format!("descriptor {i} has no entries"));
-            }
-            if d.entries.len() > self.max_entries {
-                return invalid(format!(
-                    "descriptor {i} has {} entries; the limit is {}",
-                    d.entries.len(),
-                    self.max_entries
-                ));
-            }
-            for (j, (k, v)) in d.entries.iter().enumerate() {
-                if k.is_empty() {
-                    return invalid(format!("descriptor {i} entry {j} has an empty key"));
-                }
-                if k.len() > self.max_entry_bytes || v.len() > self.max_entry_bytes {
-                    return invalid(format!(
-                        "descriptor {i} entry {j} is longer than {} bytes",
-                        self.max_entry_bytes
-                    ));
-                }
-            }
+            self.check_entries(i, &d.entries)?;
             if d.limit_override.is_some_and(|o| o.unit_multiplier == 0) {
                 return invalid(format!(
                     "descriptor {i}: limit override unit_multiplier must be at least 1"

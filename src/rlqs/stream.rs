@@ -302,17 +302,12 @@ impl<S: Store> Session<S> {
                 self.observe(|o| o.refused(Refusal::CountOutOfRange));
                 continue;
             }
-            if id.bucket.len() > bounds.max_entries
-                || id.bucket.iter().any(|(k, v)| {
-                    k.is_empty()
-                        || k.len() > bounds.max_entry_bytes
-                        || v.len() > bounds.max_entry_bytes
-                })
-            {
+            // The same bounds as a descriptor's (the map's entries, sorted).
+            let counter: CounterId = (domain.clone(), sorted(&id));
+            if bounds.check_entries(0, &counter.1).is_err() {
                 self.observe(|o| o.refused(Refusal::BucketIdTooLarge));
                 continue;
             }
-            let counter: CounterId = (domain.clone(), sorted(&id));
             let fresh = !self.buckets.contains_key(&counter);
             if fresh && !self.admit_bucket() {
                 continue;
