@@ -590,3 +590,86 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
         back.elapsed()
     );
 }
+
+/// Issue 27 item 4: `--redis-timeout` above half a second means what it says. The client
+/// library cuts a call at its own default response timeout (500 ms) unless told otherwise; a
+/// call to a paused Redis must wait the whole configured timeout, then be answered by the
+/// policy — on a standalone Redis, a Cluster and behind Sentinel alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_timeout_above_half_a_second_is_honoured() {
+    const LONG: Duration = Duration::from_millis(1_500);
+    async fn timed_against_paused(
+        topology: Topology,
+        pause: impl FnOnce(),
+        what: &str,
+    ) -> Duration {
+        let (store, _upkeep) = build(&StoreConfig {
+            failure_mode: FailureMode::Deny,
+            ..shared_config(topology, LONG)
+        })
+        .unwrap();
+        let engine = Engine::new(
+            load_texts([("z.yaml", rules().as_str())]).unwrap(),
+            store,
+            EngineSettings::default(),
+        );
+        let request = Request {
+            domain: "z".into(),
+            descriptors: vec![Descriptor::of(&[("open", "t")], 1)],
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.decide(&request).await.unwrap().by_policy {
+            assert!(Instant::now() < deadline, "{what}: never reached Redis");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        pause();
+        let started = Instant::now();
+        let decision = engine.decide(&request).await.unwrap();
+        let took = started.elapsed();
+        assert!(decision.by_policy, "{what}: answered by the failure policy");
+        assert!(
+            took >= LONG - Duration::from_millis(20),
+            "{what}: the call was cut after {took:?}, before the {LONG:?} timeout"
+        );
+        assert!(
+            took < LONG + Duration::from_secs(1),
+            "{what}: the call took {took:?}, far past the {LONG:?} timeout"
+        );
+        took
+    }
+
+    let redis = RedisServer::start();
+    let standalone = timed_against_paused(
+        Topology::Standalone(redis.url()),
+        || redis.pause(),
+        "standalone",
+    )
+    .await;
+    redis.resume();
+
+    let cluster = RedisCluster::start();
+    let in_cluster = timed_against_paused(
+        Topology::Cluster(cluster.urls()),
+        || cluster.nodes.iter().for_each(RedisServer::pause),
+        "cluster",
+    )
+    .await;
+    cluster.nodes.iter().for_each(RedisServer::resume);
+
+    let set = RedisSentinels::start();
+    // The replica too, so the sentinels have nowhere to fail over to while the call waits.
+    let behind_sentinel = timed_against_paused(
+        Topology::Standalone(set.url()),
+        || {
+            set.master.pause();
+            set.replica.pause();
+        },
+        "sentinel",
+    )
+    .await;
+    set.master.resume();
+    set.replica.resume();
+    println!(
+        "redis-timeout {LONG:?} against a paused Redis: standalone {standalone:?}, cluster {in_cluster:?}, sentinel {behind_sentinel:?}"
+    );
+}

@@ -362,6 +362,9 @@ impl RedisStore {
                 },
                 config: ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(options.connect_timeout))
+                    // The client's own default cuts every call at 500 ms, whatever
+                    // `--redis-timeout` says; ours bounds the call, the same figure here.
+                    .set_response_timeout(Some(options.timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(std::time::Duration::from_millis(100)),
                 conns: (0..options.pool_size.max(1))
