@@ -536,7 +536,7 @@ async fn hostile_reports_get_a_clear_answer_and_cost_nothing_else() {
     let err = session.report(reports("", vec![])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("no domain"));
-    // Empty ids, counts past i64 and oversized ids are skipped; the good one is answered.
+    // Empty ids, counts of 2^53 or more and oversized ids are skipped; the good one is answered.
     let long = "v".repeat(2_000);
     let answer = session
         .report(reports(
@@ -550,7 +550,7 @@ async fn hostile_reports_get_a_clear_answer_and_cost_nothing_else() {
                     bucket_id: None,
                     ..BucketQuotaUsage::default()
                 },
-                usage(API, u64::MAX, 0, 5),
+                usage(API, 1 << 53, 0, 5),
                 usage(&[("route", long.as_str())], 1, 0, 5),
                 usage(&[("route", "free")], 1, 0, 0),
             ],

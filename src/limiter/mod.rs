@@ -306,20 +306,17 @@ impl Limit {
         })
     }
 
-    /// The most usage an overdraft limit records (0: not an overdraft limit): a count, or a
-    /// bucket level whose drain time stays within [`TIME_MAX`], below 2^53 either way, so the
-    /// Lua twins compute it exactly. Usage past it is not recorded (billions of limits over).
+    /// The most usage an overdraft limit records (0: not an overdraft limit), exactly: a fixed
+    /// window's count up to 2^53 − 1 (billions of limits over), a bucket's debt up to what
+    /// drains in [`TIME_MAX`] µs (142 years), given in ticks — the bucket's state is its drain
+    /// time (see `bucket`). Both stay below 2^53, so the Lua twins compute them exactly.
     pub fn overdraft_cap(&self) -> u64 {
         if !self.overdraft {
-            return 0;
-        }
-        let exact = EXACT_MAX - 1;
-        if self.algorithm.has_burst() {
-            let drains_in_time = (TIME_MAX / self.tick_us).saturating_mul(self.requests);
-            let capacity = self.burst * self.period_ticks();
-            drains_in_time.min(exact).max(capacity)
+            0
+        } else if self.algorithm.has_burst() {
+            bucket::debt_cap_ticks(self)
         } else {
-            exact
+            EXACT_MAX - 1
         }
     }
 
@@ -415,10 +412,12 @@ pub enum State {
         /// in a store that holds millions.
         stamps: Box<VecDeque<Stamp>>,
     },
-    /// Buckets: `level` in units where one hit is `period_ticks`, drained by `requests` per tick.
+    /// Buckets: the tick at which the level is zero again, `empty_tick + frac / requests`
+    /// (`frac < requests`); the level at tick `t` is `(empty_tick − t) × requests + frac` units,
+    /// where one hit is `period_ticks` units (see `bucket`). Zero and zero is empty.
     Meter {
-        level: u64,
-        at_us: u64,
+        empty_tick: u64,
+        frac: u64,
     },
 }
 
@@ -433,7 +432,7 @@ impl State {
             State::Window { start_us, .. } => start_us + limit.period_us,
             State::Sliding { start_us, .. } => start_us + 2 * limit.period_us,
             State::Log { stamps, .. } => stamps.back().map_or(0, |s| s.at_us + limit.period_us),
-            State::Meter { level, at_us } => bucket::empty_at_us(limit, *level, *at_us),
+            State::Meter { empty_tick, frac } => bucket::empty_at_us(limit, *empty_tick, *frac),
         }
     }
 
@@ -445,7 +444,7 @@ impl State {
                 current, previous, ..
             } => *current == 0 && *previous == 0,
             State::Log { stamps, .. } => stamps.is_empty(),
-            State::Meter { level, .. } => *level == 0,
+            State::Meter { empty_tick, frac } => *empty_tick == 0 && *frac == 0,
         }
     }
 }
@@ -542,11 +541,6 @@ fn never(limit: &Limit, now_us: u64, hits: u64) -> Verdict {
         reset_after_us: to_period_end,
         retry_after_us: if hits == 0 { 0 } else { to_period_end },
     }
-}
-
-/// Ceiling division for durations and levels.
-fn div_ceil(a: u64, b: u64) -> u64 {
-    a.div_ceil(b)
 }
 
 #[cfg(test)]

@@ -423,3 +423,212 @@ fn messages_list_the_algorithms_with_the_property() {
         "overdraft applies to fixed_window, token_bucket, leaky_bucket and gcra, not to sliding_log (it cannot count past its limit exactly)"
     );
 }
+
+/// A bucket in plain wide arithmetic, as `bucket`'s docs define it: the level in units (a hit
+/// is `P`, a tick drains `requests`), in u128 so that no debit is ever too large for it,
+/// bounded only by the documented cap (a debt that drains in `TIME_MAX`).
+#[derive(Debug, Clone, Copy)]
+struct WideBucket {
+    level: u128,
+    tick: u64,
+}
+
+fn wide_decide(l: &Limit, b: WideBucket, now_us: u64, hits: u64) -> (Verdict, Option<WideBucket>) {
+    let (r, tick) = (u128::from(l.requests), l.tick_us);
+    let p = u128::from(l.period_us / tick);
+    let c = u128::from(l.burst) * p;
+    let now_tick = now_us / tick;
+    let level = b
+        .level
+        .saturating_sub(u128::from(now_tick.saturating_sub(b.tick)) * r);
+    let cap = u128::from(TIME_MAX / tick) * r;
+    let drain = |level: u128, target: u128| -> u64 {
+        if level <= target {
+            0
+        } else {
+            let ticks = (level - target).div_ceil(r);
+            u64::try_from((u128::from(now_tick) + ticks) * u128::from(tick) - u128::from(now_us))
+                .unwrap()
+        }
+    };
+    let room = |level: u128| {
+        if level <= c {
+            ((c - level) / p) as u64
+        } else {
+            0
+        }
+    };
+    let hit_units = u128::from(hits) * p;
+    let at = |level| {
+        Some(WideBucket {
+            level,
+            tick: now_tick,
+        })
+    };
+    if l.overdraft {
+        let next = (level + hit_units).min(cap);
+        let allowed = level + p <= c;
+        let shown = if allowed { next } else { level };
+        let verdict = Verdict {
+            allowed,
+            remaining: room(shown),
+            reset_after_us: drain(shown, 0),
+            retry_after_us: if allowed { 0 } else { drain(level, c - p) },
+        };
+        return (verdict, if hits > 0 { at(next) } else { None });
+    }
+    if hits <= l.burst && level + hit_units <= c {
+        let next = level + hit_units;
+        let verdict = Verdict {
+            allowed: true,
+            remaining: room(next),
+            reset_after_us: drain(next, 0),
+            retry_after_us: 0,
+        };
+        return (verdict, at(next));
+    }
+    let verdict = Verdict {
+        allowed: false,
+        remaining: room(level),
+        reset_after_us: drain(level, 0),
+        retry_after_us: if hits > l.burst {
+            l.period_us
+        } else {
+            drain(level, c - hit_units)
+        },
+    };
+    (verdict, None)
+}
+
+/// Any number up to `top`, biased to the edges: small, near `top`, and anywhere between.
+fn up_to(top: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1u64..=4.min(top),
+        (top.saturating_sub(3).max(1))..=top,
+        1u64..=top,
+    ]
+}
+
+/// A bucket limit from the whole range the rules accept: a period from a second to the 2^52 µs
+/// bound, `requests` and `burst` up to `u32::MAX`, as a cost limit or not.
+fn any_bucket_limit() -> impl Strategy<Value = Limit> {
+    let period_s = prop_oneof![
+        Just(1u64),
+        Just(60),
+        Just(3_600),
+        Just(86_400),
+        Just(7 * 86_400),
+        Just(365 * 86_400),
+        1u64..=TIME_MAX / S,
+    ];
+    let alg = prop::sample::select(vec![
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ]);
+    let top = u64::from(u32::MAX);
+    (
+        alg,
+        period_s,
+        up_to(top),
+        prop::option::of(up_to(top)),
+        any::<bool>(),
+    )
+        .prop_filter_map(
+            "outside what validate accepts",
+            |(alg, period_s, requests, burst, overdraft)| {
+                let l = Limit::new(alg, requests, period_s * S, burst).ok()?;
+                if overdraft {
+                    l.with_overdraft().ok()
+                } else {
+                    Some(l)
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 2_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Issue 26: a bucket's level — a cost limit's debt included — is exact over the whole
+    /// accepted range of rate × burst × debit: every verdict equals plain u128 arithmetic's.
+    /// (A debit of 2 000 000 on a million-a-day bucket used to be capped at ~1 042 500.)
+    #[test]
+    fn buckets_equal_wide_arithmetic_over_the_whole_range(
+        l in any_bucket_limit(),
+        start in prop_oneof![1_700_000_000u64 * S..1_900_000_000 * S, 0..TIME_MAX],
+        steps in prop::collection::vec(
+            (
+                prop_oneof![Just(0u64), 0..1_000u64, 0..10 * S, 0..TIME_MAX / 4, Just(u64::MAX)],
+                prop_oneof![0u64..3, 0..=u64::from(u32::MAX), any::<u64>()],
+                0u8..4,
+            ),
+            1..12,
+        ),
+    ) {
+        let mut state = State::Empty;
+        let mut wide = WideBucket { level: 0, tick: 0 };
+        let mut now = start;
+        for (advance, hits, kind) in steps {
+            // An advance of "a period, or its fraction", so drains land on every scale.
+            let advance = match kind {
+                0 => advance % l.period_us.saturating_add(1),
+                _ => advance,
+            };
+            now = now.saturating_add(advance).min(TIME_MAX);
+            // A refund now and then, of some of the hits (or all of a big debit).
+            if kind == 3 {
+                let (_, next) = refund(&l, &state, now, hits);
+                let now_tick = now / l.tick_us;
+                let level = wide
+                    .level
+                    .saturating_sub(u128::from(now_tick.saturating_sub(wide.tick)) * u128::from(l.requests));
+                let taken = u128::from(hits) * u128::from(l.period_us / l.tick_us);
+                wide = WideBucket { level: level.saturating_sub(taken), tick: now_tick };
+                state = next;
+                continue;
+            }
+            let (verdict, update) = decide(&l, &state, now, hits);
+            let (want, wide_next) = wide_decide(&l, wide, now, hits);
+            prop_assert_eq!(verdict, want, "{:?} at {} with {} hits", l, now, hits);
+            if verdict.allowed || charges_always(&l, hits) {
+                state.apply(update);
+                if let Some(next) = wide_next {
+                    wide = next;
+                }
+            }
+        }
+    }
+}
+
+/// Issue 26's report, on a million tokens a day: a debit of two million on a full bucket is a
+/// debt of a million, a day to drain; giving back 43 000 leaves it ~957 000 in debt.
+#[test]
+fn a_day_budget_records_a_debit_of_twice_its_size() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ] {
+        let l = limit(algorithm, 1_000_000, 86_400, Some(1_000_000))
+            .with_overdraft()
+            .unwrap();
+        let now = 1_800_000_000 * S;
+        let (v, update) = decide(&l, &State::Empty, now, 2_000_000);
+        assert!(v.allowed);
+        let state = State::Empty.after(&update);
+        let (probe, _) = decide(&l, &state, now, 0);
+        assert!(!probe.allowed);
+        // A million past the last unit of room: 86 400 s × (1 000 001 / 1 000 000), rounded up
+        // to the tick.
+        assert_eq!(probe.retry_after_us, 86_400_086_400, "{algorithm}");
+        let (_, given_back) = refund(&l, &state, now, 43_000);
+        let (after, _) = decide(&l, &given_back, now, 0);
+        assert!(!after.allowed, "{algorithm}: still ~957 000 in debt");
+        assert_eq!(after.retry_after_us, 82_684_886_400, "{algorithm}");
+    }
+}

@@ -296,8 +296,10 @@ impl<S: Store> Session<S> {
                 self.observe(|o| o.refused(Refusal::EmptyBucketId));
                 continue;
             };
-            // A count past i64 is a negative number sent as unsigned, never a real one.
-            let limit = i64::MAX as u64;
+            // A count past 2^53 − 1 (2^53 requests in one report) is never a real one — one past
+            // i64 is a negative number sent as unsigned — and the counters charge hits exactly
+            // only below it (the Lua twins compute in doubles).
+            let limit = crate::limiter::EXACT_MAX - 1;
             if usage.num_requests_allowed > limit || usage.num_requests_denied > limit {
                 self.observe(|o| o.refused(Refusal::CountOutOfRange));
                 continue;

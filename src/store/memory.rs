@@ -124,7 +124,10 @@ impl Entry {
                 current: b,
                 previous: c,
             },
-            Kind::Meter => State::Meter { level: a, at_us: b },
+            Kind::Meter => State::Meter {
+                empty_tick: a,
+                frac: b,
+            },
             Kind::Log => return None,
         })
     }
@@ -139,7 +142,7 @@ impl Entry {
                 current,
                 previous,
             } => (Kind::Sliding, [start_us, current, previous], None),
-            State::Meter { level, at_us } => (Kind::Meter, [level, at_us, 0], None),
+            State::Meter { empty_tick, frac } => (Kind::Meter, [empty_tick, frac, 0], None),
             // Never stored (a commit forgets an empty key); a window of zero hits is empty too.
             State::Empty => (Kind::Window, [0; 3], None),
             log @ State::Log { .. } => (Kind::Log, [0; 3], Some(log)),
