@@ -1033,3 +1033,59 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
     assert_eq!(breaker(), BreakerState::Closed);
     println!("back on Redis {:?} after SIGCONT", resumed.elapsed());
 }
+
+/// Issue 26 item 1, as its user met it: a million tokens a day, `burst` a million, a cost limit.
+/// A debit of two million on a full bucket (Envoy's `apply_on_stream_done`) leaves a debt of a
+/// million, a day to drain; giving 43 000 back leaves ~957 000 to drain. The same on memory and
+/// on Redis (time from Redis `TIME` there, so its figures are bounded by the test's own time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_records_a_debit_twice_its_size_on_memory_and_redis() {
+    const BUDGET: &str = "domain: llm\ndescriptors:\n  - key: user\n    overdraft: true\n    rate_limit: {unit: day, requests_per_unit: 1000000, algorithm: token_bucket, burst: 1000000}\n";
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    for (backend, store) in [
+        ("memory", common::memory(&clock, 1_000)),
+        (
+            "redis",
+            shared_config(Topology::Standalone(redis.url()), Duration::from_secs(2)),
+        ),
+    ] {
+        let engine = assemble(&store, BUDGET);
+        let call = |hits: u64, refund: bool| Request {
+            domain: "llm".into(),
+            descriptors: vec![descriptor(&[("user", "ann")], hits, refund)],
+        };
+        let retry_s = |d: &Decision| d.statuses[0].duration_us.unwrap() as f64 / S as f64;
+        let started = Instant::now();
+        let debit = engine.decide(&call(2_000_000, false)).await.unwrap();
+        assert_eq!(
+            debit.code,
+            Code::Ok,
+            "{backend}: under the limit, the debit is admitted"
+        );
+        let probe = engine.decide(&call(0, false)).await.unwrap();
+        assert_eq!(probe.code, Code::OverLimit, "{backend}: in debt");
+        // A million and one tokens to drain before one is free: 86 400.0864 s.
+        let slack = started.elapsed().as_secs_f64() + 0.001;
+        let want = 86_400.0864;
+        assert!(
+            (want - slack..=want).contains(&retry_s(&probe)),
+            "{backend}: retry after {} s, not a day",
+            retry_s(&probe)
+        );
+        engine.decide(&call(43_000, true)).await.unwrap();
+        let after = engine.decide(&call(0, false)).await.unwrap();
+        assert_eq!(
+            after.code,
+            Code::OverLimit,
+            "{backend}: still ~957 000 in debt"
+        );
+        let want = 86_400.0864 * 957_001.0 / 1_000_001.0;
+        let slack = started.elapsed().as_secs_f64() + 0.001;
+        assert!(
+            (want - slack..=want + 0.001).contains(&retry_s(&after)),
+            "{backend}: retry after {} s, want {want}",
+            retry_s(&after)
+        );
+    }
+}
