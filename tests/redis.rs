@@ -1067,7 +1067,7 @@ async fn a_token_budget_records_a_debit_twice_its_size_on_memory_and_redis() {
         assert_eq!(probe.code, Code::OverLimit, "{backend}: in debt");
         // A million and one tokens to drain before one is free: 86 400.0864 s.
         let slack = started.elapsed().as_secs_f64() + 0.001;
-        let want = 86_400.0864;
+        let want = 86_400.086_4;
         assert!(
             (want - slack..=want).contains(&retry_s(&probe)),
             "{backend}: retry after {} s, not a day",
@@ -1080,7 +1080,7 @@ async fn a_token_budget_records_a_debit_twice_its_size_on_memory_and_redis() {
             Code::OverLimit,
             "{backend}: still ~957 000 in debt"
         );
-        let want = 86_400.0864 * 957_001.0 / 1_000_001.0;
+        let want = 86_400.086_4 * 957_001.0 / 1_000_001.0;
         let slack = started.elapsed().as_secs_f64() + 0.001;
         assert!(
             (want - slack..=want + 0.001).contains(&retry_s(&after)),
