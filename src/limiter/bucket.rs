@@ -40,6 +40,11 @@ impl Level {
         }
     }
 
+    /// Whether the level is at most `units` (at most the capacity).
+    fn at_most(self, units: u64, requests: u64) -> bool {
+        self <= Level::of(units, requests)
+    }
+
     /// The level in units; only for a level at most the capacity (so at most 2^53).
     fn units(self, requests: u64) -> u64 {
         self.ticks * requests + self.frac
@@ -65,11 +70,10 @@ impl Level {
         } else {
             (self.frac + rem, 0)
         };
-        match q
-            .checked_add(carry)
-            .filter(|&add| add <= cap_ticks.saturating_sub(self.ticks))
-        {
-            Some(add) if self.ticks + add < cap_ticks || frac == 0 => Level {
+        // Past the cap (or on it with a fraction left over): the cap.
+        let room = cap_ticks.saturating_sub(self.ticks);
+        match q.checked_add(carry) {
+            Some(add) if add < room || (add == room && frac == 0) => Level {
                 ticks: self.ticks + add,
                 frac,
             },
@@ -118,6 +122,12 @@ pub(super) fn debt_cap_ticks(limit: &Limit) -> u64 {
     TIME_MAX / limit.tick_us
 }
 
+/// A stored state's empty time with its fraction below `requests`: a fraction of another rate
+/// (the rule changed since) has its whole ticks carried over.
+fn empty_time(requests: u64, empty_tick: u64, frac: u64) -> (u64, u64) {
+    (empty_tick.saturating_add(frac / requests), frac % requests)
+}
+
 /// The level at `now_tick`: the stored drain time less what has passed, bounded by the
 /// capacity (a lowered limit must not leave an out-of-range level) or, for a cost limit, by
 /// its debt's cap.
@@ -126,8 +136,7 @@ fn level_now(limit: &Limit, state: &State, now_tick: u64) -> Level {
         return Level::ZERO;
     };
     let requests = limit.requests;
-    // A fraction of another rate (the rule changed since): its whole ticks carried over.
-    let (empty_tick, frac) = (empty_tick.saturating_add(frac / requests), frac % requests);
+    let (empty_tick, frac) = empty_time(requests, empty_tick, frac);
     if empty_tick < now_tick {
         return Level::ZERO;
     }
@@ -173,7 +182,7 @@ fn drain_time(limit: &Limit, level: Level, target: u64, now_us: u64) -> u64 {
 
 /// Hits' worth of room left above `level` (none when it is at or past the capacity).
 fn room(limit: &Limit, level: Level, capacity: u64) -> u64 {
-    if level <= Level::of(capacity, limit.requests) {
+    if level.at_most(capacity, limit.requests) {
         (capacity - level.units(limit.requests)) / limit.period_ticks()
     } else {
         0
@@ -182,11 +191,10 @@ fn room(limit: &Limit, level: Level, capacity: u64) -> u64 {
 
 /// When a state is empty (µs): the end of the tick its level reaches zero in.
 pub(super) fn empty_at_us(limit: &Limit, empty_tick: u64, frac: u64) -> u64 {
-    let requests = limit.requests.max(1);
-    let ticks = empty_tick
-        .saturating_add(frac / requests)
-        .saturating_add(u64::from(!frac.is_multiple_of(requests)));
-    ticks.saturating_mul(limit.tick_us)
+    let (empty_tick, frac) = empty_time(limit.requests.max(1), empty_tick, frac);
+    empty_tick
+        .saturating_add(u64::from(frac > 0))
+        .saturating_mul(limit.tick_us)
 }
 
 pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
@@ -197,7 +205,7 @@ pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (V
     if limit.overdraft {
         return overdraft(limit, level, capacity, now_us, hits);
     }
-    if hits <= limit.burst && level <= Level::of(capacity - hits * p, limit.requests) {
+    if hits <= limit.burst && level.at_most(capacity - hits * p, limit.requests) {
         let next = Level::of(level.units(limit.requests) + hits * p, limit.requests);
         let verdict = Verdict {
             allowed: true,
@@ -232,13 +240,13 @@ fn overdraft(
 ) -> (Verdict, Update) {
     let p = limit.period_ticks();
     let now_tick = now_us / limit.tick_us;
-    let next = level.plus(hits, p, limit.requests, debt_cap_ticks(limit));
-    let update = if hits > 0 {
-        Update::Set(stored(next, now_tick))
+    let (next, update) = if hits > 0 {
+        let next = level.plus(hits, p, limit.requests, debt_cap_ticks(limit));
+        (next, Update::Set(stored(next, now_tick)))
     } else {
-        Update::Keep
+        (level, Update::Keep)
     };
-    let allowed = level <= Level::of(capacity - p, limit.requests);
+    let allowed = level.at_most(capacity - p, limit.requests);
     let shown = if allowed { next } else { level };
     let verdict = Verdict {
         allowed,

@@ -47,10 +47,21 @@ local function level_le(t1, f1, t2, f2)
   return t1 < t2 or (t1 == t2 and f1 <= f2)
 end
 
+-- `units` (at most the capacity) as a level (ticks, frac).
+local function bucket_level_of(requests, units)
+  local t = idiv(units, requests)
+  return t, units - t * requests
+end
+
+-- Whether the level (t, f) is at most `units` (at most the capacity).
+local function bucket_at_most(requests, t, f, units)
+  local ut, uf = bucket_level_of(requests, units)
+  return level_le(t, f, ut, uf)
+end
+
 -- Whole ticks until the level (t, f) is at most `units` (at most the capacity).
 local function bucket_ticks_to(requests, t, f, units)
-  local tt = idiv(units, requests)
-  local tf = units - tt * requests
+  local tt, tf = bucket_level_of(requests, units)
   if level_le(t, f, tt, tf) then return 0 end
   if f > tf then return t - tt + 1 end
   return t - tt
@@ -64,16 +75,30 @@ end
 
 -- Hits' worth of room above the level (t, f); none at or past the capacity.
 local function bucket_room(requests, p, capacity, t, f)
-  local ct = idiv(capacity, requests)
-  if level_le(t, f, ct, capacity - ct * requests) then
+  if bucket_at_most(requests, t, f, capacity) then
     return idiv(capacity - (t * requests + f), p)
   end
   return 0
 end
 
--- The longest a debt may drain, in ticks (Limit::overdraft_cap for buckets).
-local function bucket_debt_cap(tick)
-  return idiv(4503599627370496, tick)
+-- The level (t, f) plus `hits` hits, recorded up to `cap` ticks of drain.
+local function bucket_plus(requests, p, cap, t, f, hits)
+  -- A quotient past the room left is as good as any: the cap.
+  local room = cap - t
+  local q, rem = mul_divmod(hits, p, requests, room)
+  local nf, carry
+  if f >= requests - rem then nf, carry = f - (requests - rem), 1 else nf, carry = f + rem, 0 end
+  if q + carry < room or (q + carry == room and nf == 0) then return t + q + carry, nf end
+  return cap, 0
+end
+
+-- The level (t, f) less `hits` hits, never below zero.
+local function bucket_minus(requests, p, t, f, hits)
+  -- A quotient past the level is as good as any: empty.
+  local q, rem = mul_divmod(hits, p, requests, t)
+  if level_le(t, f, q, rem) then return 0, 0 end
+  if f >= rem then return t - q, f - rem end
+  return t - q - 1, requests - (rem - f)
 end
 
 -- The level now, as (ticks, frac), bounded by the capacity or a cost limit's cap.
@@ -98,10 +123,8 @@ local function bucket_level(key, now_tick, requests, capacity, tick, cap)
   local t = e - now_tick
   if cap > 0 then
     if t > cap or (t == cap and f > 0) then return cap, 0 end
-  else
-    local ct = idiv(capacity, requests)
-    local cf = capacity - ct * requests
-    if not level_le(t, f, ct, cf) then return ct, cf end
+  elseif not bucket_at_most(requests, t, f, capacity) then
+    return bucket_level_of(requests, capacity)
   end
   return t, f
 end
@@ -124,22 +147,13 @@ local function bucket_decide(key, now, hits, requests, period, burst, tick, cap)
   local t, f = bucket_level(key, idiv(now, tick), requests, capacity, tick, cap)
   if cap > 0 then
     -- Overdraft: allowed while one unit of room is left, every hit goes in (up to the cap).
-    local nt, nf = t, f
+    local nt, nf, write, write_f = t, f, nil, nil
     if hits > 0 then
-      local q, rem = mul_divmod(hits, p, requests, cap)
-      local carry = 0
-      if f >= requests - rem then nf = f - (requests - rem); carry = 1 else nf = f + rem end
-      if q + carry > cap - t or (q + carry == cap - t and nf > 0) then
-        nt, nf = cap, 0
-      else
-        nt = t + q + carry
-      end
+      nt, nf = bucket_plus(requests, p, cap, t, f, hits)
+      write, write_f = nt, nf
     end
-    local write, write_f = nil, nil
-    if hits > 0 then write, write_f = nt, nf end
     local room_at = capacity - p
-    local rt = idiv(room_at, requests)
-    if level_le(t, f, rt, room_at - rt * requests) then
+    if bucket_at_most(requests, t, f, room_at) then
       return 1, bucket_room(requests, p, capacity, nt, nf),
         bucket_drain_time(requests, tick, nt, nf, 0, now), 0, write, write_f
     end
@@ -147,16 +161,10 @@ local function bucket_decide(key, now, hits, requests, period, burst, tick, cap)
       bucket_drain_time(requests, tick, t, f, 0, now),
       bucket_drain_time(requests, tick, t, f, room_at, now), write, write_f
   end
-  if hits <= burst then
-    local fits = capacity - hits * p
-    local ft = idiv(fits, requests)
-    if level_le(t, f, ft, fits - ft * requests) then
-      local units = t * requests + f + hits * p
-      local nt = idiv(units, requests)
-      local nf = units - nt * requests
-      return 1, bucket_room(requests, p, capacity, nt, nf),
-        bucket_drain_time(requests, tick, nt, nf, 0, now), 0, nt, nf
-    end
+  if hits <= burst and bucket_at_most(requests, t, f, capacity - hits * p) then
+    local nt, nf = bucket_level_of(requests, t * requests + f + hits * p)
+    return 1, bucket_room(requests, p, capacity, nt, nf),
+      bucket_drain_time(requests, tick, nt, nf, 0, now), 0, nt, nf
   end
   local reset = bucket_drain_time(requests, tick, t, f, 0, now)
   local retry
@@ -175,12 +183,5 @@ end
 local function bucket_refund(key, now, hits, requests, period, burst, tick, cap)
   local p = idiv(period, tick)
   local t, f = bucket_level(key, idiv(now, tick), requests, burst * p, tick, cap)
-  local q, rem = mul_divmod(hits, p, requests, bucket_debt_cap(tick))
-  if level_le(t, f, q, rem) then
-    bucket_store(key, now, tick, 0, 0)
-  elseif f >= rem then
-    bucket_store(key, now, tick, t - q, f - rem)
-  else
-    bucket_store(key, now, tick, t - q - 1, requests - (rem - f))
-  end
+  bucket_store(key, now, tick, bucket_minus(requests, p, t, f, hits))
 end
