@@ -77,10 +77,14 @@ fn rules() -> String {
 }
 
 fn node(topology: &Topology) -> Arc<Engine<Stack>> {
+    node_with_timeout(topology, TIMEOUT)
+}
+
+fn node_with_timeout(topology: &Topology, timeout: Duration) -> Arc<Engine<Stack>> {
     // No timers run in these tests: the upkeep is not needed.
     let (store, _upkeep) = build(&StoreConfig {
         failure_mode: FailureMode::Deny,
-        ..shared_config(topology.clone(), TIMEOUT)
+        ..shared_config(topology.clone(), timeout)
     })
     .unwrap();
     Arc::new(Engine::new(
@@ -88,6 +92,20 @@ fn node(topology: &Topology) -> Arc<Engine<Stack>> {
         store,
         EngineSettings::default(),
     ))
+}
+
+/// Calls `request` until `engine` decides it on Redis rather than by its policy (connections
+/// made, or Redis back), failing with `what` at `deadline`.
+async fn until_on_redis(engine: &Engine<Stack>, request: &Request, deadline: Instant, what: &str) {
+    while engine
+        .decide(request)
+        .await
+        .expect("the policy answers")
+        .by_policy
+    {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The phases of a run, as the load sees them when a call ends.
@@ -489,11 +507,12 @@ async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
         }
     };
     // Connected through the sentinels (the first calls may come before the connections).
+    let before = Request {
+        domain: "z".into(),
+        descriptors: vec![Descriptor::of(&[("fixed_window", "before")], 1)],
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while call("before").await.by_policy {
-        assert!(Instant::now() < deadline, "never reached the master");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_on_redis(&engine, &before, deadline, "never reached the master").await;
     set.failover();
     let (old, new) = (set.master.port, set.replica.port);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -580,10 +599,7 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     let back = Instant::now();
     let deadline = back + Duration::from_secs(10);
     for node in &nodes {
-        while node.decide(&hit()).await.unwrap().by_policy {
-            assert!(Instant::now() < deadline, "still on the failure policy");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_on_redis(node, &hit(), deadline, "still on the failure policy").await;
     }
     eprintln!(
         "every node decided on Redis again {:?} after it returned",
@@ -603,25 +619,19 @@ async fn a_redis_timeout_above_half_a_second_is_honoured() {
         pause: impl FnOnce(),
         what: &str,
     ) -> Duration {
-        let (store, _upkeep) = build(&StoreConfig {
-            failure_mode: FailureMode::Deny,
-            ..shared_config(topology, LONG)
-        })
-        .unwrap();
-        let engine = Engine::new(
-            load_texts([("z.yaml", rules().as_str())]).unwrap(),
-            store,
-            EngineSettings::default(),
-        );
+        let engine = node_with_timeout(&topology, LONG);
         let request = Request {
             domain: "z".into(),
             descriptors: vec![Descriptor::of(&[("open", "t")], 1)],
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while engine.decide(&request).await.unwrap().by_policy {
-            assert!(Instant::now() < deadline, "{what}: never reached Redis");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_on_redis(
+            &engine,
+            &request,
+            deadline,
+            &format!("{what}: never reached Redis"),
+        )
+        .await;
         pause();
         let started = Instant::now();
         let decision = engine.decide(&request).await.unwrap();

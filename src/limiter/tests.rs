@@ -433,14 +433,30 @@ struct WideBucket {
     tick: u64,
 }
 
+impl WideBucket {
+    /// The level at `now_tick`, drained since the last change.
+    fn at(self, l: &Limit, now_tick: u64) -> u128 {
+        self.level
+            .saturating_sub(u128::from(now_tick.saturating_sub(self.tick)) * u128::from(l.requests))
+    }
+
+    /// `hits` given back at `now_us`, never below empty.
+    fn refunded(self, l: &Limit, now_us: u64, hits: u64) -> WideBucket {
+        let now_tick = now_us / l.tick_us;
+        let taken = u128::from(hits) * u128::from(l.period_us / l.tick_us);
+        WideBucket {
+            level: self.at(l, now_tick).saturating_sub(taken),
+            tick: now_tick,
+        }
+    }
+}
+
 fn wide_decide(l: &Limit, b: WideBucket, now_us: u64, hits: u64) -> (Verdict, Option<WideBucket>) {
     let (r, tick) = (u128::from(l.requests), l.tick_us);
     let p = u128::from(l.period_us / tick);
     let c = u128::from(l.burst) * p;
     let now_tick = now_us / tick;
-    let level = b
-        .level
-        .saturating_sub(u128::from(now_tick.saturating_sub(b.tick)) * r);
+    let level = b.at(l, now_tick);
     let cap = u128::from(TIME_MAX / tick) * r;
     let drain = |level: u128, target: u128| -> u64 {
         if level <= target {
@@ -582,14 +598,8 @@ proptest! {
             now = now.saturating_add(advance).min(TIME_MAX);
             // A refund now and then, of some of the hits (or all of a big debit).
             if kind == 3 {
-                let (_, next) = refund(&l, &state, now, hits);
-                let now_tick = now / l.tick_us;
-                let level = wide
-                    .level
-                    .saturating_sub(u128::from(now_tick.saturating_sub(wide.tick)) * u128::from(l.requests));
-                let taken = u128::from(hits) * u128::from(l.period_us / l.tick_us);
-                wide = WideBucket { level: level.saturating_sub(taken), tick: now_tick };
-                state = next;
+                state = refund(&l, &state, now, hits).1;
+                wide = wide.refunded(&l, now, hits);
                 continue;
             }
             let (verdict, update) = decide(&l, &state, now, hits);
