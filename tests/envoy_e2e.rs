@@ -62,28 +62,14 @@ fn bootstrap(ports: Ports, domain: &str, routes: &str, rls_cluster: &str) -> Str
                 grpc_service: {{envoy_grpc: {{cluster_name: rls}}, timeout: 2s}}
                 transport_api_version: V3"#
     );
-    let backend_listener = format!(
+    let backend_listener = http_listener(
+        "backend",
+        backend,
         r#"
-  - name: backend
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: backend_http
-          route_config:
-            virtual_hosts:
-            - name: backend
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "ok\n"}}}}
-                response_headers_to_add: [{{header: {{key: x-tokens, value: "40"}}}}]
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "ok\n"}}
+                response_headers_to_add: [{header: {key: x-tokens, value: "40"}}]"#,
+        "",
     );
     let clusters = format!(
         r#"{}
@@ -114,26 +100,35 @@ fn front_envoy(
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
 static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}
+  listeners:{}{more_listeners}
+  clusters:{clusters}
+"#,
+        http_listener("front", front, routes, filter)
+    )
+}
+
+/// An HTTP listener `name` on loopback `port`: one virtual host with `routes`, and the HTTP
+/// `filters` before the router (YAML, indented for their places).
+fn http_listener(name: &str, port: u16, routes: &str, filters: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front_http
+          stat_prefix: {name}_http
           route_config:
             virtual_hosts:
-            - name: front
+            - name: {name}
               domains: ["*"]
               routes:{routes}
-          http_filters:{filter}
+          http_filters:{filters}
           - name: envoy.filters.http.router
             typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router{more_listeners}
-  clusters:{clusters}
-"#
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
     )
 }
 
