@@ -21,6 +21,7 @@
 //!   listener's certificates, rotated), [`top`] (the most-limited values, a bounded sketch).
 
 pub mod admin;
+pub mod calendar;
 pub mod cli;
 pub mod clock;
 pub mod counter;
