@@ -45,8 +45,7 @@ pub struct Calendar {
 impl Calendar {
     /// `zone`: an IANA name from the database compiled into the binary.
     pub fn new(zone: &str, unit: CalendarUnit) -> Result<Self, CalendarError> {
-        let tz =
-            TimeZone::get(zone).map_err(|_| CalendarError::UnknownZone(zone.to_owned()))?;
+        let tz = TimeZone::get(zone).map_err(|_| CalendarError::UnknownZone(zone.to_owned()))?;
         Ok(Self {
             name: zone.to_owned(),
             zone: tz,
