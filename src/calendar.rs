@@ -9,6 +9,13 @@
 //! Pure: a function of (zone, unit, instant) → the window containing it, as `[start, end)` in
 //! microseconds since the epoch. A day that has no local midnight (a zone that springs forward
 //! at 00:00) starts at its first instant.
+//!
+//! A limit holds its calendar as a [`CalendarRef`]: `Copy`, like the rest of a limit, because
+//! calendars are interned — one per (zone, unit) ever named, so at most a few thousand, kept for
+//! the process. Each remembers the last window it computed, so a decision inside it costs a
+//! comparison, not a time-zone lookup.
+
+use std::sync::Mutex;
 
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
@@ -34,12 +41,25 @@ pub enum CalendarError {
     OutOfRange(u64),
 }
 
+impl CalendarUnit {
+    pub fn name(self) -> &'static str {
+        match self {
+            CalendarUnit::Day => "day",
+            CalendarUnit::Week => "week",
+            CalendarUnit::Month => "month",
+            CalendarUnit::Year => "year",
+        }
+    }
+}
+
 /// A calendar unit in a time zone.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Calendar {
     name: String,
     zone: TimeZone,
     unit: CalendarUnit,
+    /// The last window computed: `[start, end)`.
+    last: Mutex<(u64, u64)>,
 }
 
 impl Calendar {
@@ -50,7 +70,25 @@ impl Calendar {
             name: zone.to_owned(),
             zone: tz,
             unit,
+            last: Mutex::new((0, 0)),
         })
+    }
+
+    /// The interned calendar of `zone` and `unit`.
+    pub fn interned(zone: &str, unit: CalendarUnit) -> Result<CalendarRef, CalendarError> {
+        static INTERNED: Mutex<Vec<&'static Calendar>> = Mutex::new(Vec::new());
+        let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = interned
+            .iter()
+            .find(|c| c.unit == unit && c.name == zone)
+        {
+            return Ok(CalendarRef(c));
+        }
+        // Leaked on purpose: one per (zone, unit) a rules file ever names, bounded by the zone
+        // database, and a counter's calendar must outlive every reload.
+        let calendar: &'static Calendar = Box::leak(Box::new(Self::new(zone, unit)?));
+        interned.push(calendar);
+        Ok(CalendarRef(calendar))
     }
 
     pub fn zone_name(&self) -> &str {
@@ -63,6 +101,20 @@ impl Calendar {
 
     /// The window containing `now_us`: `[start, end)` in µs since the epoch.
     pub fn window_at(&self, now_us: u64) -> Result<(u64, u64), CalendarError> {
+        // Busy (another thread is computing): compute rather than wait.
+        if let Ok(last) = self.last.try_lock()
+            && (last.0..last.1).contains(&now_us)
+        {
+            return Ok(*last);
+        }
+        let window = self.compute(now_us)?;
+        if let Ok(mut last) = self.last.try_lock() {
+            *last = window;
+        }
+        Ok(window)
+    }
+
+    fn compute(&self, now_us: u64) -> Result<(u64, u64), CalendarError> {
         let out = || CalendarError::OutOfRange(now_us);
         let now = i64::try_from(now_us)
             .ok()
@@ -90,10 +142,60 @@ impl Calendar {
         ))
     }
 
-    /// The first instant of `date` in the zone, in µs.
+    /// The first instant of `date` in the zone, in µs; 0 for one before the epoch, where
+    /// sluice's time line starts (a clock never reads earlier: see `clock`), so the first
+    /// window of 1970 is cut there.
     fn start_of(&self, date: Date) -> Option<u64> {
         let start = date.to_zoned(self.zone.clone()).ok()?.start_of_day().ok()?;
-        u64::try_from(start.timestamp().as_microsecond()).ok()
+        Some(u64::try_from(start.timestamp().as_microsecond()).unwrap_or(0))
+    }
+}
+
+/// An interned [`Calendar`], as a limit holds it. Two are equal when they are the same
+/// calendar (interning makes that the same zone and unit).
+#[derive(Clone, Copy)]
+pub struct CalendarRef(&'static Calendar);
+
+impl CalendarRef {
+    pub fn zone_name(self) -> &'static str {
+        &self.0.name
+    }
+
+    pub fn unit(self) -> CalendarUnit {
+        self.0.unit
+    }
+
+    pub fn window_at(self, now_us: u64) -> Result<(u64, u64), CalendarError> {
+        self.0.window_at(now_us)
+    }
+
+    /// The window before the one holding `now_us`, that one and the next, as their four
+    /// boundaries: what a node sends Redis, which picks by its own clock (see `fixed_window.lua`).
+    pub fn around(self, now_us: u64) -> Result<[u64; 4], CalendarError> {
+        let (start, end) = self.window_at(now_us)?;
+        let (previous, _) = self.0.compute(start.saturating_sub(1))?;
+        let (_, next_end) = self.0.compute(end)?;
+        Ok([previous, start, end, next_end])
+    }
+}
+
+impl PartialEq for CalendarRef {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for CalendarRef {}
+
+impl std::hash::Hash for CalendarRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(self.0, state);
+    }
+}
+
+impl std::fmt::Debug for CalendarRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} in {}", self.0.unit.name(), self.0.name)
     }
 }
 
@@ -173,11 +275,76 @@ mod tests {
         assert_eq!(s, at(zone, "2026-09-06T01:00"));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+        /// Over every time sluice accepts (below 2^52 µs, the year 2112) and zones with DST,
+        /// half-hour offsets and a midnight that springs forward: the window holds the time,
+        /// windows tile the line (the next starts where this one ends, the previous ends where
+        /// it starts), a window is as long as its unit allows, and the remembered window answers
+        /// as a fresh computation does.
+        #[test]
+        fn windows_tile_time_over_the_whole_range(
+            now in 0u64..crate::limiter::TIME_MAX,
+            zone in proptest::sample::select(vec![
+                "UTC", "Europe/Berlin", "Asia/Kolkata", "America/Santiago",
+                "Australia/Lord_Howe", "Pacific/Chatham", "America/St_Johns",
+            ]),
+            unit in proptest::sample::select(vec![
+                CalendarUnit::Day, CalendarUnit::Week, CalendarUnit::Month, CalendarUnit::Year,
+            ]),
+        ) {
+            let c = Calendar::interned(zone, unit).unwrap();
+            let (start, end) = c.window_at(now).unwrap();
+            proptest::prop_assert!(start <= now && now < end);
+            let [previous, s, e, next] = c.around(now).unwrap();
+            proptest::prop_assert_eq!((s, e), (start, end));
+            proptest::prop_assert!(end < next);
+            proptest::prop_assert!(previous < start || start == 0);
+            if start > 0 {
+                proptest::prop_assert_eq!(c.window_at(start - 1).unwrap().1, start);
+            }
+            proptest::prop_assert_eq!(c.window_at(end).unwrap().0, end);
+            // A day is 23 to 25 hours (Lord Howe's half-hour DST inside that), and a zone that
+            // moved across the date line skipped or doubled a day: allow a day either side.
+            let days = match unit {
+                CalendarUnit::Day => (0, 2),
+                CalendarUnit::Week => (6, 8),
+                CalendarUnit::Month => (27, 32),
+                CalendarUnit::Year => (364, 367),
+            };
+            let len = end - start;
+            // (The first window of 1970 may be cut short at the epoch.)
+            proptest::prop_assert!(len > days.0 * 24 * H || start == 0, "{len}");
+            proptest::prop_assert!(len < days.1 * 24 * H, "{len}");
+            proptest::prop_assert_eq!(Calendar::new(zone, unit).unwrap().compute(now).unwrap(), (start, end));
+        }
+    }
+
     #[test]
     fn unknown_zones_are_refused_by_name() {
         assert_eq!(
-            Calendar::new("Mars/Olympus", CalendarUnit::Day),
-            Err(CalendarError::UnknownZone("Mars/Olympus".into()))
+            Calendar::new("Mars/Olympus", CalendarUnit::Day).unwrap_err(),
+            CalendarError::UnknownZone("Mars/Olympus".into())
         );
+    }
+
+    #[test]
+    fn a_calendar_is_interned_once_and_remembers_its_window() {
+        let a = Calendar::interned("Europe/Berlin", CalendarUnit::Month).unwrap();
+        let b = Calendar::interned("Europe/Berlin", CalendarUnit::Month).unwrap();
+        let c = Calendar::interned("Europe/Berlin", CalendarUnit::Day).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let berlin = "Europe/Berlin";
+        // In a window, out of it and back: the remembered window never answers for another.
+        for civil in ["2026-03-31T23:59:59", "2026-04-01T00:00", "2026-03-01T00:00"] {
+            let month = a.window_at(at(berlin, civil)).unwrap();
+            assert_eq!(month, window(berlin, CalendarUnit::Month, civil), "{civil}");
+        }
+        let [p, s, e, n] = a.around(at(berlin, "2026-03-15T00:00")).unwrap();
+        assert_eq!(p, at(berlin, "2026-02-01T00:00"));
+        assert_eq!(s, at(berlin, "2026-03-01T00:00"));
+        assert_eq!(e, at(berlin, "2026-04-01T00:00"));
+        assert_eq!(n, at(berlin, "2026-05-01T00:00"));
     }
 }

@@ -218,10 +218,10 @@ fn describe(
             .as_deref()
             .map(|n| format!(" '{n}'"))
             .unwrap_or_default();
-        let window = if t.unit_multiplier == 1 {
-            t.unit.to_string()
-        } else {
-            format!("{} {}", t.unit_multiplier, t.unit)
+        let window = match (t.limit.calendar, t.unit_multiplier) {
+            (Some(c), _) => format!("calendar {} in {}", t.unit, c.zone_name()),
+            (None, 1) => t.unit.to_string(),
+            (None, m) => format!("{m} {}", t.unit),
         };
         let burst = if t.limit.algorithm.has_burst() {
             format!(", burst {}", t.limit.burst)

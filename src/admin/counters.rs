@@ -160,6 +160,7 @@ pub async fn answer<S: Store>(
                         "requests_per_unit": tier.requests_per_unit,
                         "unit": tier.unit.name(),
                         "unit_multiplier": tier.unit_multiplier,
+                        "calendar": limit.calendar.map(|c| c.zone_name()),
                         "capacity": capacity,
                         "used": capacity.saturating_sub(v.remaining),
                         "remaining": v.remaining,

@@ -295,7 +295,7 @@ fn tier_line(t: &crate::rules::Tier) -> String {
     )
 }
 
-/// What sluice adds after the reference's fields: the algorithm, a burst, the name.
+/// What sluice adds after the reference's fields: the algorithm, a burst, a calendar, the name.
 fn tier_extras(t: &crate::rules::Tier) -> String {
     let burst = if t.limit.algorithm.has_burst() {
         format!(" burst={}", t.limit.burst)
@@ -307,7 +307,12 @@ fn tier_extras(t: &crate::rules::Tier) -> String {
         .as_deref()
         .map(|n| format!(", name: {n}"))
         .unwrap_or_default();
-    format!(", algorithm: {}{burst}{name}", t.limit.algorithm)
+    let calendar = t
+        .limit
+        .calendar
+        .map(|c| format!(" calendar={}", c.zone_name()))
+        .unwrap_or_default();
+    format!(", algorithm: {}{burst}{calendar}{name}", t.limit.algorithm)
 }
 
 /// What the rules reloads did: when the serving rules were loaded, counts, and the last

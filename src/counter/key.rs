@@ -3,7 +3,9 @@
 //! Every string is netstring-style length-prefixed (`5:hello`), so no two different descriptors
 //! encode alike whatever bytes their values hold, and a key stays readable in `redis-cli`:
 //! `4:edgev14:remote_address8:10.0.0.1#11*1` (fixed window, per second, × 1). The limit's numbers are not part of the key, so
-//! a changed limit keeps its counter; a changed algorithm or unit starts a new one.
+//! a changed limit keeps its counter; a changed algorithm or unit starts a new one. A calendar
+//! limit's key ends in its zone (`#14*1@13:Europe/Berlin`): its windows are not the aligned
+//! ones, nor another zone's.
 
 use super::{KeyPart, Unit};
 use crate::limiter::Algorithm;
@@ -11,6 +13,7 @@ use crate::limiter::Algorithm;
 const TAG_VALUE: u8 = b'v';
 const TAG_PATTERN: u8 = b'p';
 const TAG_LIMIT: u8 = b'#';
+const TAG_CALENDAR: u8 = b'@';
 
 /// A reusable buffer holding one request's keys back to back.
 #[derive(Debug, Default, Clone)]
@@ -92,12 +95,23 @@ impl KeyBuf {
         self.string(value);
     }
 
-    pub fn limit(&mut self, algorithm: Algorithm, unit: Unit, multiplier: u32) {
+    /// `calendar`: the zone of a calendar limit's windows.
+    pub fn limit(
+        &mut self,
+        algorithm: Algorithm,
+        unit: Unit,
+        multiplier: u32,
+        calendar: Option<&str>,
+    ) {
         self.bytes.push(TAG_LIMIT);
         self.bytes.push(b'0' + algorithm.id());
         self.bytes.push(b'0' + unit.id());
         self.bytes.push(b'*');
         self.number(u64::from(multiplier));
+        if let Some(zone) = calendar {
+            self.bytes.push(TAG_CALENDAR);
+            self.string(zone);
+        }
     }
 }
 
@@ -111,8 +125,16 @@ mod tests {
         for (key, part) in entries {
             k.entry(key, *part);
         }
-        k.limit(Algorithm::FixedWindow, Unit::Second, 1);
+        k.limit(Algorithm::FixedWindow, Unit::Second, 1, None);
         k.slice(0..k.len()).to_vec()
+    }
+
+    #[test]
+    fn a_calendar_limit_has_its_own_key() {
+        let mut k = KeyBuf::default();
+        k.domain("d");
+        k.limit(Algorithm::FixedWindow, Unit::Month, 1, Some("Europe/Berlin"));
+        assert_eq!(k.slice(0..k.len()), b"1:d#16*1@13:Europe/Berlin");
     }
 
     #[test]

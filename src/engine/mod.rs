@@ -368,7 +368,12 @@ fn plan<'r>(
             }
             let start = keys.len();
             keys.repeat(r.prefix.clone());
-            keys.limit(tier.limit.algorithm, tier.unit, tier.unit_multiplier);
+            keys.limit(
+                tier.limit.algorithm,
+                tier.unit,
+                tier.unit_multiplier,
+                tier.limit.calendar.map(|c| c.zone_name()),
+            );
             planned.push(Planned {
                 descriptor: i,
                 tier,

@@ -1,20 +1,21 @@
-//! A counter per epoch-aligned window: `count + hits <= requests` admits (with `overdraft`,
+//! A counter per window (epoch-aligned, or a calendar's: [`Limit::window_at`]): `count + hits <= requests` admits (with `overdraft`,
 //! `count < requests` admits and the count may pass the limit).
 
 use super::{Limit, State, Update, Verdict};
 
-fn current(limit: &Limit, state: &State, now_us: u64) -> (u64, u64) {
-    let start = now_us - now_us % limit.period_us;
+/// The window's start and end, and its count.
+fn current(limit: &Limit, state: &State, now_us: u64) -> (u64, u64, u64) {
+    let (start, end) = limit.window_at(now_us);
     let count = match state {
         State::Window { start_us, count } if *start_us == start => *count,
         _ => 0,
     };
-    (start, count)
+    (start, end, count)
 }
 
 pub(super) fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
-    let (start, count) = current(limit, state, now_us);
-    let to_end = start + limit.period_us - now_us;
+    let (start, end, count) = current(limit, state, now_us);
+    let to_end = end - now_us;
     if limit.overdraft {
         return overdraft(limit, start, count, to_end, hits);
     }
@@ -72,7 +73,7 @@ fn overdraft(limit: &Limit, start: u64, count: u64, to_end: u64, hits: u64) -> (
 }
 
 pub(super) fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> State {
-    let (start, count) = current(limit, state, now_us);
+    let (start, _, count) = current(limit, state, now_us);
     State::Window {
         start_us: start,
         count: count.saturating_sub(hits),

@@ -39,6 +39,8 @@ mod sliding_window;
 use std::collections::VecDeque;
 use std::fmt;
 
+use crate::calendar::CalendarRef;
+
 /// Products in the algorithms never exceed this (the largest integer a double holds exactly).
 pub const EXACT_MAX: u64 = 1 << 53;
 
@@ -135,6 +137,20 @@ impl Algorithm {
         }
     }
 
+    /// Whether the algorithm's window can be a calendar's (a month in a time zone, see
+    /// `calendar`): a fixed window's count only needs the window's bounds. The others weigh or
+    /// drain over a period of fixed length.
+    pub const fn has_calendar_windows(self) -> bool {
+        match self {
+            Algorithm::FixedWindow => true,
+            Algorithm::SlidingWindow
+            | Algorithm::SlidingLog
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => false,
+        }
+    }
+
     /// Whether a denial's status stays as it was until the request fits, whatever it asked: a
     /// fixed window's count only changes when the window ends. (Elsewhere a denial is steady
     /// only when one more hit would have fitted.) The over-limit cache relies on it.
@@ -227,6 +243,11 @@ pub enum LimitError {
         requests: u64,
         period_s: u64,
     },
+    #[error(
+        "calendar windows apply to {names}, not to {0}",
+        names = Algorithm::names_where(Algorithm::has_calendar_windows)
+    )]
+    CalendarNotApplicable(Algorithm),
 }
 
 /// What one limit allows, in the units the algorithms compute with.
@@ -244,6 +265,10 @@ pub struct Limit {
     /// and every hit it carries is recorded, past the limit too (a window counts over it, a
     /// bucket's level goes into debt), so later requests wait until usage is back under.
     pub overdraft: bool,
+    /// A calendar window (`calendar:`): the window is the day, week, month or year holding the
+    /// time in that zone, instead of an epoch-aligned `period_us` (then the unit's nominal
+    /// length, for what only needs a rate or a size).
+    pub calendar: Option<CalendarRef>,
 }
 
 impl Limit {
@@ -283,6 +308,7 @@ impl Limit {
             burst,
             tick_us,
             overdraft: false,
+            calendar: None,
         };
         if algorithm.has_burst() && requests > 0 && limit.full_drain_us() > u128::from(TIME_MAX) {
             return Err(LimitError::DrainsTooSlowly {
@@ -304,6 +330,28 @@ impl Limit {
             overdraft: true,
             ..self
         })
+    }
+
+    /// This limit with calendar windows; only for the algorithms that keep them.
+    pub fn with_calendar(self, calendar: CalendarRef) -> Result<Self, LimitError> {
+        if !self.algorithm.has_calendar_windows() {
+            return Err(LimitError::CalendarNotApplicable(self.algorithm));
+        }
+        Ok(Self {
+            calendar: Some(calendar),
+            ..self
+        })
+    }
+
+    /// The window holding `now_us`, `[start, end)`: the calendar's, or the epoch-aligned
+    /// period's. (A calendar fails only past the year 9999, where times never are: they stay
+    /// below [`TIME_MAX`]; it then falls back to the aligned period rather than panic.)
+    pub fn window_at(&self, now_us: u64) -> (u64, u64) {
+        if let Some(window) = self.calendar.and_then(|c| c.window_at(now_us).ok()) {
+            return window;
+        }
+        let start = now_us - now_us % self.period_us;
+        (start, start + self.period_us)
     }
 
     /// The most usage an overdraft limit records (0: not an overdraft limit), exactly: a fixed
@@ -429,7 +477,7 @@ impl State {
     pub fn expires_at_us(&self, limit: &Limit) -> u64 {
         match self {
             State::Empty => 0,
-            State::Window { start_us, .. } => start_us + limit.period_us,
+            State::Window { start_us, .. } => limit.window_at(*start_us).1,
             State::Sliding { start_us, .. } => start_us + 2 * limit.period_us,
             State::Log { stamps, .. } => stamps.back().map_or(0, |s| s.at_us + limit.period_us),
             State::Meter { empty_tick, frac } => bucket::empty_at_us(limit, *empty_tick, *frac),
@@ -532,9 +580,9 @@ pub fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict,
 }
 
 /// `requests_per_unit: 0`: every request with hits is over the limit (the reference's meaning);
-/// a probe is OK. Reset is the end of the epoch-aligned period.
+/// a probe is OK. Reset is the end of the window.
 fn never(limit: &Limit, now_us: u64, hits: u64) -> Verdict {
-    let to_period_end = limit.period_us - now_us % limit.period_us;
+    let to_period_end = limit.window_at(now_us).1 - now_us;
     Verdict {
         allowed: hits == 0,
         remaining: 0,

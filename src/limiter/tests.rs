@@ -642,3 +642,132 @@ fn a_day_budget_records_a_debit_of_twice_its_size() {
         assert_eq!(after.retry_after_us, 82_684_886_400, "{algorithm}");
     }
 }
+
+mod calendar_windows {
+    use super::*;
+    use crate::calendar::{Calendar, CalendarUnit};
+
+    const H: u64 = 3_600 * S;
+
+    /// µs of a local civil time in `zone` (the earlier of an ambiguous one).
+    fn at(zone: &str, civil: &str) -> u64 {
+        let dt: jiff::civil::DateTime = civil.parse().unwrap();
+        let z = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
+        z.timestamp().as_microsecond() as u64
+    }
+
+    fn monthly(requests: u64, zone: &str, unit: CalendarUnit, nominal_s: u64) -> Limit {
+        limit(Algorithm::FixedWindow, requests, nominal_s, None)
+            .with_calendar(Calendar::interned(zone, unit).unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_month_counts_to_its_last_microsecond_and_resets_on_the_first() {
+        let berlin = "Europe/Berlin";
+        let l = monthly(3, berlin, CalendarUnit::Month, 30 * 86_400);
+        let mut st = State::Empty;
+        let first = at(berlin, "2026-01-01T00:00");
+        let last = at(berlin, "2026-01-31T23:59:59.999999");
+        assert!(hit(&l, &mut st, first, 2).allowed);
+        let v = hit(&l, &mut st, last, 1);
+        assert_eq!(
+            v,
+            Verdict {
+                allowed: true,
+                remaining: 0,
+                reset_after_us: 1,
+                retry_after_us: 0
+            },
+            "the last µs of January is January's"
+        );
+        let denied = hit(&l, &mut st, last, 1);
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after_us, 1);
+        assert_eq!(st.expires_at_us(&l), last + 1);
+        // The first µs of February: a new window, 28 days long (not 30).
+        let v = hit(&l, &mut st, last + 1, 1);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 2);
+        assert_eq!(v.reset_after_us, 28 * 24 * H);
+        // An epoch-aligned 30-day block would have reset elsewhere.
+        let aligned = limit(Algorithm::FixedWindow, 3, 30 * 86_400, None);
+        assert_ne!(aligned.window_at(last + 1), l.window_at(last + 1));
+    }
+
+    #[test]
+    fn days_follow_the_clock_change_and_weeks_start_on_monday() {
+        let berlin = "Europe/Berlin";
+        let day = monthly(1, berlin, CalendarUnit::Day, 86_400);
+        for (civil, hours) in [
+            ("2026-03-29T00:30", 23),
+            ("2026-10-25T00:30", 25),
+            ("2026-10-26T00:30", 24),
+        ] {
+            let mut st = State::Empty;
+            let v = hit(&day, &mut st, at(berlin, civil), 1);
+            assert_eq!(v.reset_after_us, hours * H - 30 * 60 * S, "{civil}");
+            // Denied until local midnight, whatever the day's length.
+            let denied = hit(&day, &mut st, at(berlin, civil) + H, 1);
+            assert_eq!(denied.retry_after_us, hours * H - 90 * 60 * S, "{civil}");
+        }
+        let week = monthly(1, "UTC", CalendarUnit::Week, 7 * 86_400);
+        // 2026-12-06 is a Sunday: the week ends at Monday 00:00.
+        let v = hit(&week, &mut State::Empty, at("UTC", "2026-12-06T23:00"), 1);
+        assert_eq!(v.reset_after_us, H);
+    }
+
+    #[test]
+    fn a_leap_day_and_a_half_hour_zone() {
+        let year = monthly(1, "UTC", CalendarUnit::Year, 365 * 86_400);
+        let v = hit(&year, &mut State::Empty, at("UTC", "2028-02-29T00:00"), 1);
+        assert_eq!(v.reset_after_us, (366 - 59) * 24 * H, "2028 has 366 days");
+        let month = monthly(1, "UTC", CalendarUnit::Month, 30 * 86_400);
+        let v = hit(&month, &mut State::Empty, at("UTC", "2028-02-29T23:00"), 1);
+        assert_eq!(v.reset_after_us, H, "February 2028 ends after the 29th");
+        let kolkata = monthly(1, "Asia/Kolkata", CalendarUnit::Day, 86_400);
+        let mut st = State::Empty;
+        // 18:29:59 UTC is 23:59:59 in Kolkata (UTC+5:30); 18:30 is the next day there.
+        let before = at("UTC", "2026-06-01T18:29:59");
+        assert!(hit(&kolkata, &mut st, before, 1).allowed);
+        assert!(!hit(&kolkata, &mut st, before + 999_999, 1).allowed);
+        assert!(hit(&kolkata, &mut st, before + S, 1).allowed);
+    }
+
+    #[test]
+    fn a_zero_limit_and_a_cost_limit_reset_on_the_calendar() {
+        let berlin = "Europe/Berlin";
+        let never = monthly(0, berlin, CalendarUnit::Month, 30 * 86_400);
+        let now = at(berlin, "2026-02-28T23:00");
+        let (v, _) = decide(&never, &State::Empty, now, 1);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, H);
+        let cost = monthly(10, berlin, CalendarUnit::Month, 30 * 86_400)
+            .with_overdraft()
+            .unwrap();
+        let mut st = State::Empty;
+        let (v, update) = decide(&cost, &st, now, 25);
+        assert!(v.allowed);
+        st.apply(update);
+        let (v, _) = decide(&cost, &st, now + H - 1, 0);
+        assert!(!v.allowed, "the debt holds to the month's end");
+        assert_eq!(v.retry_after_us, 1);
+        let (v, _) = decide(&cost, &st, now + H, 0);
+        assert!(v.allowed, "and no further");
+    }
+
+    #[test]
+    fn only_fixed_windows_keep_calendar_windows() {
+        let c = Calendar::interned("UTC", CalendarUnit::Month).unwrap();
+        for alg in Algorithm::ALL {
+            let l = limit(alg, 10, 30 * 86_400, None).with_calendar(c);
+            assert_eq!(l.is_ok(), alg.has_calendar_windows(), "{alg}");
+            if let Err(e) = l {
+                assert_eq!(
+                    e.to_string(),
+                    format!("calendar windows apply to fixed_window, not to {alg}")
+                );
+            }
+        }
+    }
+}

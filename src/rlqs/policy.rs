@@ -41,12 +41,12 @@ pub fn period_end_us<'a>(limits: impl IntoIterator<Item = &'a Limit>, now_us: u6
     limits
         .into_iter()
         .map(|limit| {
-            let period = if limit.algorithm.leasable() {
-                limit.period_us
+            let end = if limit.algorithm.leasable() {
+                limit.window_at(now_us).1
             } else {
-                MICROS_PER_SECOND
+                next_multiple(now_us, MICROS_PER_SECOND)
             };
-            next_multiple(now_us, period).min(longest)
+            end.min(longest)
         })
         .min()
 }

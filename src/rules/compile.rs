@@ -648,12 +648,20 @@ impl Compiler<'_> {
             }
         };
         let requests_per_unit = raw.requests_per_unit.unwrap_or(0);
-        match Limit::new(
+        let limit = Limit::new(
             algorithm,
             u64::from(requests_per_unit),
             period_us,
             raw.burst.map(u64::from),
-        ) {
+        );
+        let limit = match (limit, raw.calendar.as_deref()) {
+            (Ok(limit), Some(zone)) => {
+                let calendar = self.calendar(at, zone, unit, unit_multiplier)?;
+                limit.with_calendar(calendar)
+            }
+            (limit, _) => limit,
+        };
+        match limit {
             Ok(limit) => Some(Tier {
                 name: raw.name.as_deref().map(Into::into),
                 unit,
@@ -664,6 +672,48 @@ impl Compiler<'_> {
             }),
             Err(e) => {
                 self.error(at, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// The interned calendar of a limit's `calendar:` (errors located at it).
+    fn calendar(
+        &mut self,
+        at: &str,
+        zone: &str,
+        unit: Unit,
+        unit_multiplier: u32,
+    ) -> Option<crate::calendar::CalendarRef> {
+        use crate::calendar::{Calendar, CalendarUnit};
+        let calendar_unit = match unit {
+            Unit::Day => CalendarUnit::Day,
+            Unit::Week => CalendarUnit::Week,
+            Unit::Month => CalendarUnit::Month,
+            Unit::Year => CalendarUnit::Year,
+            Unit::Second | Unit::Minute | Unit::Hour => {
+                self.error(
+                    &format!("{at}.calendar"),
+                    format!(
+                        "calendar windows are a day, week, month or year, not a {}; drop calendar for {} windows",
+                        unit.name().to_lowercase(),
+                        unit.name().to_lowercase()
+                    ),
+                );
+                return None;
+            }
+        };
+        if unit_multiplier != 1 {
+            self.error(
+                &format!("{at}.unit_multiplier"),
+                "a calendar window is one day, week, month or year: unit_multiplier is not allowed with calendar".into(),
+            );
+            return None;
+        }
+        match Calendar::interned(zone, calendar_unit) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                self.error(&format!("{at}.calendar"), e.to_string());
                 None
             }
         }

@@ -104,6 +104,10 @@ pub struct RawLimit {
     pub burst: Option<u32>,
     /// Extension: the window is `unit_multiplier` units (e.g. 5 minutes).
     pub unit_multiplier: Option<u32>,
+    /// Extension: calendar windows in this IANA time zone (`Europe/Berlin`, or `UTC`): a day
+    /// from local midnight, a week from Monday, a month from the 1st, a year from January 1st.
+    /// Units day, week, month and year; fixed_window only; no unit_multiplier.
+    pub calendar: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default, JsonSchema)]

@@ -278,8 +278,7 @@ impl LeaseTable {
             l.backend_remaining = v.remaining;
             let extra = asks.get(i).map_or(0, |a| a.extra);
             if outcome.allowed && extra > 0 {
-                let period = c.limit.period_us;
-                let window_end = backend_now - backend_now % period + period;
+                let (_, window_end) = c.limit.window_at(backend_now);
                 // Measured from when the request was sent: Redis decided later, so this ends
                 // no later than the window does.
                 let to_end = window_end - backend_now;

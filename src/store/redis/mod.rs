@@ -445,6 +445,7 @@ impl RedisStore {
         checks: &[Check<'_>],
         indices: &[usize],
         now: &str,
+        node_now_us: u64,
     ) -> Result<GroupReply, StoreError> {
         let mut call_keys: Vec<&[u8]> = Vec::with_capacity(indices.len());
         let mut args: Vec<u64> = Vec::with_capacity(8 * indices.len());
@@ -456,7 +457,7 @@ impl RedisStore {
                 CheckKind::Refund => 3,
             };
             call_keys.push(&keys[i]);
-            push_check(&mut args, kind, c);
+            push_check(&mut args, kind, c, node_now_us);
         }
         let script_call = Call {
             keys: &call_keys,
@@ -494,9 +495,11 @@ impl RedisStore {
 }
 
 /// One check's arguments as `batch.lua` reads them: a head (algorithm + 8 × kind + 32 × how
-/// many optional fields follow), hits, requests, period, then burst, tick, cap and until with
-/// the trailing zeros left off; burst and tick are sent only to the algorithms that read them.
-fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>) {
+/// many optional fields follow + 256 for a calendar limit), hits, requests, period, then burst,
+/// tick, cap and until with the trailing zeros left off (burst and tick are sent only to the
+/// algorithms that read them), then a calendar limit's windows around `node_now_us`: Redis picks
+/// the one its own clock is in, so decisions stay on Redis `TIME`.
+fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>, node_now_us: u64) {
     let limit = &check.limit;
     let algorithm = limit.algorithm;
     let optional = [
@@ -523,9 +526,18 @@ fn push_check(args: &mut Vec<u64>, kind: u64, check: &Check<'_>) {
             "batch.lua reads the algorithm from the head's low 3 bits"
         )
     };
-    let head = u64::from(algorithm.id()) + 8 * kind + 32 * extra as u64;
+    // Past the calendar's range (the year 9999) the limit falls back to the aligned period,
+    // as `Limit::window_at` does.
+    let windows = limit.calendar.and_then(|c| c.around(node_now_us).ok());
+    let head = u64::from(algorithm.id())
+        + 8 * kind
+        + 32 * extra as u64
+        + if windows.is_some() { 256 } else { 0 };
     args.extend([head, check.hits, limit.requests, limit.period_us]);
     args.extend_from_slice(&optional[..extra]);
+    if let Some(windows) = windows {
+        args.extend(windows);
+    }
 }
 
 /// What one script run answered.
@@ -577,6 +589,15 @@ impl Store for RedisStore {
             .as_ref()
             .map(|c| c.now_micros().to_string())
             .unwrap_or_default();
+        // Only calendar limits read it (to send their windows around it).
+        let node_now_us = if checks.iter().any(|c| c.limit.calendar.is_some()) {
+            self.pinned.as_ref().map_or_else(
+                || crate::clock::SystemClock.now_micros(),
+                |c| c.now_micros(),
+            )
+        } else {
+            0
+        };
         let (keys, slots): (Vec<Vec<u8>>, Vec<u16>) =
             checks.iter().map(|c| self.redis_key(c)).unzip();
         // Standalone: one script for everything. Cluster: one per slot.
@@ -594,7 +615,7 @@ impl Store for RedisStore {
         let results = futures_util::future::join_all(
             groups
                 .iter()
-                .map(|(_, members)| self.run_group(&keys, checks, members, &now)),
+                .map(|(_, members)| self.run_group(&keys, checks, members, &now, node_now_us)),
         )
         .await;
 
@@ -643,7 +664,7 @@ impl Store for RedisStore {
                     .map(|&i| keys[i].clone())
                     .collect();
                 let all: Vec<usize> = (0..sent.len()).collect();
-                match self.run_group(&sent_keys, &sent, &all, &now).await {
+                match self.run_group(&sent_keys, &sent, &all, &now, node_now_us).await {
                     Ok(reply) => {
                         for (&i, v) in refunds.iter().zip(&reply.verdicts[undone..]) {
                             verdicts[i] = *v;

@@ -5,7 +5,9 @@
 -- hits, requests, period_us, and as many of burst, tick_us, cap, until as the head says. The
 -- head is algorithm + 8 * kind + 32 * extra: algorithm 1 fixed_window, 2 sliding_window,
 -- 3 sliding_log, 4..6 the buckets; kind 1 enforce, 2 shadow, 3 refund; extra 0..4, how many of
--- the optional fields follow (the caller leaves off trailing zeros). cap: an overdraft limit's
+-- the optional fields follow (the caller leaves off trailing zeros), + 256 for a calendar limit:
+-- after the optional fields, the four boundaries of its windows around the node's clock (see
+-- window_of), which take the place of the period. cap: an overdraft limit's
 -- most recorded usage (0: not an overdraft limit, see Limit); until: refunds only, applied only
 -- while now < until (0: always). Each argument costs Redis ~0.2 µs to pass and convert, and a
 -- fixed window check needs none of the four: 4 arguments, not 9.
@@ -30,7 +32,8 @@ local refund_of = {
 
 -- A limit of 0 requests: nothing ever fits; a probe (0 hits) is allowed.
 local function never(now, hits, period)
-  local to_end = period - mod(now, period)
+  local _, finish = window_of(now, period)
+  local to_end = finish - now
   if hits == 0 then return 1, 0, to_end, 0 end
   return 0, 0, to_end, to_end
 end
@@ -62,7 +65,7 @@ end
 -- period, burst, tick, cap), until, and where the next check's arguments start.
 local function check_at(argv, b)
   local head = tonumber(argv[b])
-  local extra = math.floor(head / 32)
+  local extra = math.floor(head / 32) % 8
   local alg, kind = head % 8, math.floor(head / 8) % 4
   local hits, requests, period = tonumber(argv[b + 1]), tonumber(argv[b + 2]), tonumber(argv[b + 3])
   local burst, tick, cap, refund_until = 0, 0, 0, 0
@@ -70,7 +73,13 @@ local function check_at(argv, b)
   if extra > 1 then tick = tonumber(argv[b + 5]) end
   if extra > 2 then cap = tonumber(argv[b + 6]) end
   if extra > 3 then refund_until = tonumber(argv[b + 7]) end
-  return alg, kind, hits, requests, period, burst, tick, cap, refund_until, b + 4 + extra
+  local next_b = b + 4 + extra
+  if head >= 256 then
+    period = { tonumber(argv[next_b]), tonumber(argv[next_b + 1]), tonumber(argv[next_b + 2]),
+      tonumber(argv[next_b + 3]) }
+    next_b = next_b + 4
+  end
+  return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
 local function batch(keys, argv)

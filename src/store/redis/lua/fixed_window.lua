@@ -17,15 +17,15 @@ local function fixed_window_field(start)
   return string.format('%.0fus', start)
 end
 
--- The window's start, its field, its count, and whether the hash holds it.
+-- The window's start, its field, its count, whether the hash holds it, and the window's end.
 local function fixed_window_current(key, now, period)
-  local start = now - mod(now, period)
+  local start, finish = window_of(now, period)
   local field = fixed_window_field(start)
   local count = tonumber(redis.call('HGET', key, field))
-  if count then return start, field, count, true end
+  if count then return start, field, count, true, finish end
   local s, c = load_ints(string.sub(key, 1, -2))
-  if s == start then return start, field, c, false end
-  return start, field, 0, false
+  if s == start then return start, field, c, false, finish end
+  return start, field, 0, false, finish
 end
 
 -- Writes the count `to` in place of `from` (`held`: the hash holds `from`). A new window
@@ -35,20 +35,20 @@ local function fixed_window_store(key, field, now, period, from, to, held)
   if held then
     if to ~= from then redis.call('HINCRBY', key, field, to - from) end
   elseif to ~= 0 or from ~= 0 then
-    local start = now - mod(now, period)
+    local _, finish = window_of(now, period)
     redis.call('DEL', key)
     redis.call('HSET', key, field, to)
-    expire_at(key, start + period, now)
+    expire_at(key, finish, now)
   end
 end
 
 -- Writes: the new count, the window's field, the count before, and whether the hash holds
 -- it (1) or not yet (0).
 local function fixed_window_decide(key, now, hits, requests, period, burst, tick, cap)
-  local start, field, count, held = fixed_window_current(key, now, period)
+  local _, field, count, held, finish = fixed_window_current(key, now, period)
   local in_hash = 0
   if held then in_hash = 1 end
-  local to_end = start + period - now
+  local to_end = finish - now
   if cap > 0 then
     -- Overdraft: allowed while under the limit, every hit counted (up to the cap).
     local next_count = min(count + hits, cap)

@@ -32,6 +32,22 @@ local function mod(a, b)
   return a - idiv(a, b) * b
 end
 
+-- The window holding `now`: its start and end. `period` is an epoch-aligned period in µs or,
+-- for a calendar limit, the four boundaries the node sent (the window before its own clock's,
+-- that one and the next; calendar.rs): Redis's clock picks among the three, so a node a little
+-- off still counts in the window Redis is in. Further off than a window, nothing is decided.
+local function window_of(now, period)
+  if type(period) == 'number' then
+    local start = now - mod(now, period)
+    return start, start + period
+  end
+  for i = 1, 3 do
+    if now >= period[i] and now < period[i + 1] then return period[i], period[i + 1] end
+  end
+  error(string.format('sluice: Redis TIME %.0f is outside the calendar windows the node sent '
+    .. '(%.0f to %.0f): the clocks are a window apart', now, period[1], period[4]))
+end
+
 local function min(a, b)
   if a < b then return a end
   return b
