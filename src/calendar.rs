@@ -78,10 +78,7 @@ impl Calendar {
     pub fn interned(zone: &str, unit: CalendarUnit) -> Result<CalendarRef, CalendarError> {
         static INTERNED: Mutex<Vec<&'static Calendar>> = Mutex::new(Vec::new());
         let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = interned
-            .iter()
-            .find(|c| c.unit == unit && c.name == zone)
-        {
+        if let Some(c) = interned.iter().find(|c| c.unit == unit && c.name == zone) {
             return Ok(CalendarRef(c));
         }
         // Leaked on purpose: one per (zone, unit) a rules file ever names, bounded by the zone
@@ -337,7 +334,11 @@ mod tests {
         assert_ne!(a, c);
         let berlin = "Europe/Berlin";
         // In a window, out of it and back: the remembered window never answers for another.
-        for civil in ["2026-03-31T23:59:59", "2026-04-01T00:00", "2026-03-01T00:00"] {
+        for civil in [
+            "2026-03-31T23:59:59",
+            "2026-04-01T00:00",
+            "2026-03-01T00:00",
+        ] {
             let month = a.window_at(at(berlin, civil)).unwrap();
             assert_eq!(month, window(berlin, CalendarUnit::Month, civil), "{civil}");
         }

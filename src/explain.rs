@@ -292,6 +292,28 @@ mod tests {
     }
 
     #[test]
+    fn explains_a_calendar_window_and_its_key() {
+        let rules = load_texts([(
+            "plans.yaml",
+            "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: month, requests_per_unit: 1000, calendar: Europe/Berlin}
+",
+        )])
+        .unwrap();
+        let text = explain(&rules, "api", &[parse_descriptor("user=u1").unwrap()], "s:");
+        assert!(
+            text.contains(
+                "limit: 1000 per calendar MONTH in Europe/Berlin, fixed_window
+    counter: 3:apiv4:user2:u1#16*1@13:Europe/Berlin
+"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn hash_tag_puts_a_tenants_descriptors_in_one_slot() {
         let rules = load_texts([(
             "t.yaml",

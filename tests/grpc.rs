@@ -240,7 +240,7 @@ async fn health_serves_every_name_and_flips_on_stop() {
 
 #[tokio::test]
 async fn rlconfig_lists_each_plans_limits() {
-    let rules = "domain: p\ndescriptors:\n  - key: plan\n    descriptors:\n      - key: user\n        plan: {entry: plan}\nplans:\n  free:\n    default:\n      - {unit: second, requests_per_unit: 2, name: per_second}\n      - {unit: day, requests_per_unit: 1000}\n  enterprise: unlimited\ndefault_plan: free\n";
+    let rules = "domain: p\ndescriptors:\n  - key: plan\n    descriptors:\n      - key: user\n        plan: {entry: plan}\nplans:\n  free:\n    default:\n      - {unit: second, requests_per_unit: 2, name: per_second}\n      - {unit: day, requests_per_unit: 1000, calendar: Europe/Berlin}\n  enterprise: unlimited\ndefault_plan: free\n";
     let server = start(rules, "none", EngineSettings::default()).await;
     let (status, body) = http_get(server.running.http_addr, "/rlconfig").await;
     assert_eq!(status, 200);
@@ -251,7 +251,7 @@ async fn rlconfig_lists_each_plans_limits() {
         [
             "p.plan.user: plan enterprise: unlimited, shadow_mode: false, quota_mode: false",
             "p.plan.user: plan free: unit=SECOND requests_per_unit=2, shadow_mode: false, quota_mode: false, algorithm: fixed_window, name: free:per_second",
-            "p.plan.user: plan free: unit=DAY requests_per_unit=1000, shadow_mode: false, quota_mode: false, algorithm: fixed_window, name: free:day",
+            "p.plan.user: plan free: unit=DAY requests_per_unit=1000, shadow_mode: false, quota_mode: false, algorithm: fixed_window calendar=Europe/Berlin, name: free:day",
         ],
         "{body}"
     );

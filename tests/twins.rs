@@ -17,6 +17,7 @@ use std::time::Duration;
 use common::redis::RedisServer;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice::calendar::{Calendar, CalendarRef, CalendarUnit};
 use sluice::clock::ManualClock;
 use sluice::counter::{Unit, period_us};
 use sluice::limiter::{self, Algorithm, EXACT_MAX, Limit, Stamp, State, TIME_MAX, Verdict};
@@ -32,6 +33,10 @@ struct Case {
     start_us: u64,
     state: State,
     steps: Vec<Step>,
+    /// Where this node's clock is: at Redis's time (0), still in the window before Redis's (1)
+    /// or already in the next (2), as at every window's edge: a calendar limit's windows are
+    /// sent around the node's time, and the script must pick by its own.
+    node_skew: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -76,10 +81,35 @@ fn near(scale: u64, pick: u64, kind: u8) -> u64 {
 
 /// `requests` (and `burst`) up to `u32::MAX`, biased to the largest the period allows exactly.
 /// `overdraft`: as a cost limit.
+/// A calendar (zone and unit) for a third of the limits of the algorithms that keep calendar
+/// windows: zones with DST, a half-hour offset, a midnight that springs forward.
+fn calendar(algorithm: Algorithm) -> impl Strategy<Value = Option<(CalendarRef, u64)>> {
+    let zones = prop::sample::select(vec![
+        "UTC",
+        "Europe/Berlin",
+        "Asia/Kolkata",
+        "America/Santiago",
+        "Australia/Lord_Howe",
+    ]);
+    let units = prop::sample::select(vec![
+        (CalendarUnit::Day, Unit::Day),
+        (CalendarUnit::Week, Unit::Week),
+        (CalendarUnit::Month, Unit::Month),
+        (CalendarUnit::Year, Unit::Year),
+    ]);
+    (zones, units, 0..3u8).prop_map(move |(zone, (unit, nominal), pick)| {
+        (algorithm.has_calendar_windows() && pick == 0).then(|| {
+            let calendar = Calendar::interned(zone, unit).unwrap();
+            (calendar, period_us(nominal, 1).unwrap())
+        })
+    })
+}
+
 fn limit(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Limit> {
-    (period(), any::<u64>(), 0..5u8, any::<u64>(), 0..3u8).prop_filter_map(
+    let period = (period(), calendar(algorithm)).prop_map(|(p, c)| (c.map_or(p, |c| c.1), c));
+    (period, any::<u64>(), 0..5u8, any::<u64>(), 0..3u8).prop_filter_map(
         "out of the exact range",
-        move |(period_us, pick, kind, burst_pick, burst_kind)| {
+        move |((period_us, calendar), pick, kind, burst_pick, burst_kind)| {
             let top = match algorithm {
                 Algorithm::SlidingLog => limiter::SLIDING_LOG_MAX,
                 Algorithm::FixedWindow => u64::from(u32::MAX),
@@ -89,7 +119,10 @@ fn limit(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Limit> 
             let requests = near(top, pick, kind).clamp(1, top);
             let burst = (algorithm.has_burst() && burst_kind > 0)
                 .then(|| near(top, burst_pick, burst_kind * 2).clamp(1, top));
-            let limit = Limit::new(algorithm, requests, period_us, burst).ok()?;
+            let mut limit = Limit::new(algorithm, requests, period_us, burst).ok()?;
+            if let Some((c, _)) = calendar {
+                limit = limit.with_calendar(c).ok()?;
+            }
             if overdraft {
                 limit.with_overdraft().ok()
             } else {
@@ -103,11 +136,13 @@ fn limit(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Limit> 
 /// the limit or above it (a lowered limit); a bucket updated in the future (a clock set back).
 fn state(limit: Limit, now: u64, picks: [u64; 4], kind: u8) -> State {
     let period = limit.period_us;
-    let window = now - now % period;
+    // The window holding `now` and the ones before it (a calendar's too).
+    let window = limit.window_at(now).0;
+    let before = |w: u64| w.checked_sub(1).map_or(0, |t| limit.window_at(t).0);
     let start = match picks[0] % 6 {
         0..=2 => window,
-        3 => window.saturating_sub(period),
-        4 => window.saturating_sub(2 * period),
+        3 => before(window),
+        4 => before(before(window)),
         _ => picks[0] % (now + 1),
     };
     let capacity = limit.requests.max(limit.burst);
@@ -208,30 +243,34 @@ fn case(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Case> {
             0..5u8,
             prop::collection::vec(step(limit.period_us), 1..7),
             any::<u64>(),
+            0..3u8,
         )
-            .prop_map(|(limit, start_us, picks, kind, mut steps, hits_pick)| {
-                // Some steps ask for exactly what is left or one more: the edges of "fits".
-                let capacity = limit.requests.max(limit.burst);
-                // A cost limit keeps its big debits (any u32, sometimes up to 2^53): its debt is
-                // what must stay exact.
-                for (i, s) in steps.iter_mut().enumerate() {
-                    if limit.overdraft && i % 2 == 0 {
-                        if hits_pick.rotate_left(i as u32).is_multiple_of(5) {
-                            s.hits = hits_pick % EXACT_MAX;
+            .prop_map(
+                |(limit, start_us, picks, kind, mut steps, hits_pick, node_skew)| {
+                    // Some steps ask for exactly what is left or one more: the edges of "fits".
+                    let capacity = limit.requests.max(limit.burst);
+                    // A cost limit keeps its big debits (any u32, sometimes up to 2^53): its debt is
+                    // what must stay exact.
+                    for (i, s) in steps.iter_mut().enumerate() {
+                        if limit.overdraft && i % 2 == 0 {
+                            if hits_pick.rotate_left(i as u32).is_multiple_of(5) {
+                                s.hits = hits_pick % EXACT_MAX;
+                            }
+                            continue;
                         }
-                        continue;
+                        if s.hits > 2 && s.hits > capacity + 1 {
+                            s.hits = near(capacity, hits_pick.rotate_left(i as u32), i as u8);
+                        }
                     }
-                    if s.hits > 2 && s.hits > capacity + 1 {
-                        s.hits = near(capacity, hits_pick.rotate_left(i as u32), i as u8);
+                    Case {
+                        limit,
+                        start_us,
+                        state: state(limit, start_us, picks, kind),
+                        steps,
+                        node_skew,
                     }
-                }
-                Case {
-                    limit,
-                    start_us,
-                    state: state(limit, start_us, picks, kind),
-                    steps,
-                }
-            })
+                },
+            )
     })
 }
 
@@ -325,6 +364,7 @@ struct Twin {
     runtime: tokio::runtime::Runtime,
     store: RedisStore,
     clock: Arc<ManualClock>,
+    node_clock: Arc<ManualClock>,
     conn: redis::Connection,
 }
 
@@ -335,6 +375,7 @@ impl Twin {
             .build()
             .unwrap();
         let clock = Arc::new(ManualClock::new(0));
+        let node_clock = Arc::new(ManualClock::new(0));
         let store = RedisStore::new(&RedisOptions {
             topology: Topology::Standalone(redis.url()),
             pool_size: 1,
@@ -343,7 +384,8 @@ impl Twin {
             key_prefix: PREFIX.into(),
         })
         .unwrap()
-        .with_pinned_clock(clock.clone());
+        .with_pinned_clock(clock.clone())
+        .with_node_clock(node_clock.clone());
         let conn = redis::Client::open(redis.url())
             .unwrap()
             .get_connection()
@@ -352,6 +394,7 @@ impl Twin {
             runtime,
             store,
             clock,
+            node_clock,
             conn,
         }
     }
@@ -365,6 +408,12 @@ impl Twin {
         for (i, s) in case.steps.iter().enumerate() {
             now = (now + s.advance_us).min(TIME_MAX);
             self.clock.set(now);
+            let (start, end) = case.limit.window_at(now);
+            self.node_clock.set(match case.node_skew {
+                0 => now,
+                1 => start.saturating_sub(1),
+                _ => end,
+            });
             let (want, next) = rust_step(&case.limit, &state, now, s.hits, s.kind);
             let check = Check {
                 kind: s.kind,

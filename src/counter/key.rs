@@ -133,7 +133,12 @@ mod tests {
     fn a_calendar_limit_has_its_own_key() {
         let mut k = KeyBuf::default();
         k.domain("d");
-        k.limit(Algorithm::FixedWindow, Unit::Month, 1, Some("Europe/Berlin"));
+        k.limit(
+            Algorithm::FixedWindow,
+            Unit::Month,
+            1,
+            Some("Europe/Berlin"),
+        );
         assert_eq!(k.slice(0..k.len()), b"1:d#16*1@13:Europe/Berlin");
     }
 

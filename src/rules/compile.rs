@@ -695,9 +695,8 @@ impl Compiler<'_> {
                 self.error(
                     &format!("{at}.calendar"),
                     format!(
-                        "calendar windows are a day, week, month or year, not a {}; drop calendar for {} windows",
-                        unit.name().to_lowercase(),
-                        unit.name().to_lowercase()
+                        "calendar applies to the units day, week, month and year, not {}",
+                        unit.name()
                     ),
                 );
                 return None;

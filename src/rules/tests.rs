@@ -637,3 +637,50 @@ fn ordering_a_map_with_entries_no_path_holds_gives_none() {
         Some(vec![("k0", "v")])
     );
 }
+
+#[test]
+fn calendar_windows_are_checked_where_they_are_written() {
+    let limit = |fields: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{requests_per_unit: 10, {fields}}}\n"
+        )
+    };
+    let cases = [
+        (
+            "unit: hour, calendar: UTC",
+            "rules.yaml: descriptors[0].rate_limit.calendar: calendar applies to the units day, week, month and year, not HOUR",
+        ),
+        (
+            "unit: month, calendar: Mars/Olympus",
+            "rules.yaml: descriptors[0].rate_limit.calendar: unknown time zone 'Mars/Olympus' (an IANA name such as Europe/Berlin, or UTC)",
+        ),
+        (
+            "unit: month, unit_multiplier: 3, calendar: UTC",
+            "rules.yaml: descriptors[0].rate_limit.unit_multiplier: a calendar window is one day, week, month or year: unit_multiplier is not allowed with calendar",
+        ),
+        (
+            "unit: month, calendar: UTC, algorithm: token_bucket",
+            "rules.yaml: descriptors[0].rate_limit: calendar windows apply to fixed_window, not to token_bucket",
+        ),
+        (
+            "unit: month, calendar: UTC, algorithm: sliding_window",
+            "rules.yaml: descriptors[0].rate_limit: calendar windows apply to fixed_window, not to sliding_window",
+        ),
+    ];
+    for (fields, want) in cases {
+        assert_eq!(errors(&limit(fields)), [want.to_string()], "for {fields}");
+    }
+    // In a plan: the free plan's month is Berlin's calendar month.
+    let rs = set(
+        "domain: d\ndescriptors:\n  - key: c\n    plan: {client: c}\nplans:\n  free: [{unit: month, requests_per_unit: 1000, calendar: Europe/Berlin}]\n  pro: [{unit: month, requests_per_unit: 9000}]\ndefault_plan: free\n",
+    );
+    let d = rs.domain("d").unwrap();
+    let tier = |plan: &str| {
+        let p = d.plans().iter().find(|p| p.name == plan).unwrap();
+        p.groups["default"][0].limit
+    };
+    let free = tier("free").calendar.expect("a calendar month");
+    assert_eq!(free.zone_name(), "Europe/Berlin");
+    assert_eq!(free.unit(), crate::calendar::CalendarUnit::Month);
+    assert_eq!(tier("pro").calendar, None);
+}

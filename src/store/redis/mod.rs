@@ -329,6 +329,9 @@ pub struct RedisStore {
     timeout: Duration,
     /// Tests only: a time for the script instead of Redis `TIME`.
     pinned: Option<Arc<dyn Clock>>,
+    /// The clock calendar limits' windows are sent around (see `push_check`): the system's, or
+    /// in tests the pinned clock or one set off from it.
+    node_clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -400,6 +403,7 @@ impl RedisStore {
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
+            node_clock: Arc::new(crate::clock::SystemClock),
         })
     }
 
@@ -429,7 +433,15 @@ impl RedisStore {
     /// Tests only: the scripts use this clock instead of Redis `TIME`, so a run can be replayed
     /// against the memory store at the same times.
     pub fn with_pinned_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.node_clock = clock.clone();
         self.pinned = Some(clock);
+        self
+    }
+
+    /// Tests only: this node's clock as calendar limits read it, apart from the script's (a
+    /// node a little off Redis at a window's edge).
+    pub fn with_node_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.node_clock = clock;
         self
     }
 
@@ -591,10 +603,7 @@ impl Store for RedisStore {
             .unwrap_or_default();
         // Only calendar limits read it (to send their windows around it).
         let node_now_us = if checks.iter().any(|c| c.limit.calendar.is_some()) {
-            self.pinned.as_ref().map_or_else(
-                || crate::clock::SystemClock.now_micros(),
-                |c| c.now_micros(),
-            )
+            self.node_clock.now_micros()
         } else {
             0
         };
@@ -664,7 +673,10 @@ impl Store for RedisStore {
                     .map(|&i| keys[i].clone())
                     .collect();
                 let all: Vec<usize> = (0..sent.len()).collect();
-                match self.run_group(&sent_keys, &sent, &all, &now, node_now_us).await {
+                match self
+                    .run_group(&sent_keys, &sent, &all, &now, node_now_us)
+                    .await
+                {
                     Ok(reply) => {
                         for (&i, v) in refunds.iter().zip(&reply.verdicts[undone..]) {
                             verdicts[i] = *v;
