@@ -85,9 +85,17 @@ fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
 }
 
 fn pinned_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<RedisStore> {
+    pinned_engine_with(topology, clock, RULES)
+}
+
+fn pinned_engine_with(
+    topology: Topology,
+    clock: &Arc<ManualClock>,
+    rules: &str,
+) -> Engine<RedisStore> {
     let store = redis_store(topology, Duration::from_secs(5)).with_pinned_clock(clock.clone());
     Engine::new(
-        load_texts([("d.yaml", RULES)]).unwrap(),
+        load_texts([("d.yaml", rules)]).unwrap(),
         store,
         EngineSettings::default(),
     )
@@ -179,6 +187,15 @@ fn random_request(rng: &mut Rng) -> Request {
 /// The production stack on one manual clock: the over-limit cache on, every leasable rule in
 /// hybrid mode, and no fallback (an outage would fail the test).
 fn stack_engine(topology: Topology, clock: &Arc<ManualClock>, mode: Mode) -> Assembled {
+    stack_engine_with(topology, clock, mode, RULES)
+}
+
+fn stack_engine_with(
+    topology: Topology,
+    clock: &Arc<ManualClock>,
+    mode: Mode,
+    rules: &str,
+) -> Assembled {
     let mut config = shared_config(topology, Duration::from_secs(5));
     if let BackendConfig::Redis(redis) = &mut config.backend {
         // Its own counters, beside the other engines' in the same database.
@@ -198,7 +215,7 @@ fn stack_engine(topology: Topology, clock: &Arc<ManualClock>, mode: Mode) -> Ass
             clocks: Clocks::pinned(clock.clone()),
             ..config
         },
-        RULES,
+        rules,
     )
 }
 
@@ -1087,5 +1104,104 @@ async fn a_token_budget_records_a_debit_twice_its_size_on_memory_and_redis() {
             "{backend}: retry after {} s, want {want}",
             retry_s(&after)
         );
+    }
+}
+
+/// Issue 26 item 3: calendar windows decide alike on memory, on Redis (its script, pinned to
+/// the same times) and through the production stack on Redis, strict and hybrid, on both sides
+/// of a month's end in Berlin, the days the clocks change there, a leap day and a month's end in
+/// Kolkata (UTC+5:30); and the reset each reports is the calendar's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_roll_over_alike_on_memory_and_redis() {
+    const RULES: &str = r#"
+domain: cal
+descriptors:
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 3, calendar: Europe/Berlin}
+  - key: day
+    rate_limits:
+      - {unit: day, requests_per_unit: 2, calendar: Europe/Berlin, name: berlin_day}
+      - {unit: week, requests_per_unit: 5, calendar: UTC, name: utc_week}
+  - key: cost
+    overdraft: true
+    rate_limit: {unit: month, requests_per_unit: 4, calendar: Asia/Kolkata}
+  - key: zero
+    rate_limit: {unit: year, requests_per_unit: 0, calendar: UTC}
+"#;
+    let at = |zone: &str, civil: &str| -> u64 {
+        let dt: jiff::civil::DateTime = civil.parse().unwrap();
+        let zoned = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
+        zoned.timestamp().as_microsecond() as u64
+    };
+    const H: u64 = 3_600 * S;
+    let redis = RedisServer::start();
+    let topology = Topology::Standalone(redis.url());
+    let clock = Arc::new(ManualClock::new(0));
+    let memory = Engine::new(
+        load_texts([("cal.yaml", RULES)]).unwrap(),
+        MemoryStore::new(clock.clone(), 10_000),
+        EngineSettings::default(),
+    );
+    let script = pinned_engine_with(topology.clone(), &clock, RULES);
+    let strict = stack_engine_with(topology.clone(), &clock, Mode::Strict, RULES);
+    let hybrid = stack_engine_with(topology, &clock, Mode::Hybrid, RULES);
+    let request = |key: &str, hits: u64| Request {
+        domain: "cal".into(),
+        descriptors: vec![descriptor(&[(key, "u1")], hits, false)],
+    };
+    // Each edge: the last µs before it, the first at it; the DST days from their start.
+    let berlin = "Europe/Berlin";
+    let edges = [
+        at(berlin, "2026-02-01T00:00"),
+        at(berlin, "2026-03-29T00:00"),
+        at(berlin, "2026-03-30T00:00"),
+        at("Asia/Kolkata", "2026-05-01T00:00"),
+        at(berlin, "2026-10-25T00:00"),
+        at(berlin, "2026-10-26T00:00"),
+        at("UTC", "2028-02-29T00:00"),
+        at("UTC", "2028-03-01T00:00"),
+    ];
+    // In time order: the stacks' own clock (leases, cached denials) never goes back.
+    assert!(edges.is_sorted());
+    let mut steps = 0;
+    for edge in edges {
+        for now in [edge - S, edge - 1, edge, edge + 1] {
+            clock.set(now);
+            for (key, hits) in [
+                ("month", 1),
+                ("day", 1),
+                ("cost", 3),
+                ("zero", 1),
+                ("month", 2),
+            ] {
+                let what = format!("{key} ×{hits} at {now}");
+                let want = memory.decide(&request(key, hits)).await.unwrap();
+                let got = script.decide(&request(key, hits)).await.unwrap();
+                assert_eq!(got, want, "script: {what}");
+                hybrid.upkeep.give_back(false).await;
+                for (stack, engine) in [("strict", &strict), ("hybrid", &hybrid)] {
+                    let got = engine.decide(&request(key, hits)).await.unwrap();
+                    assert_same(got, &want, false, &format!("{stack} stack, {what}"));
+                }
+                steps += 1;
+            }
+        }
+    }
+    assert_eq!(steps, 8 * 4 * 5);
+    // The reset each reports is the calendar's: a month's last µs, the 23- and 25-hour days.
+    let reset = |d: &Decision| d.statuses[0].duration_us;
+    let month_end = at(berlin, "2028-12-01T00:00");
+    clock.set(month_end - 1);
+    let d = memory.decide(&request("month", 1)).await.unwrap();
+    assert_eq!((d.code, reset(&d)), (Code::Ok, Some(1)));
+    clock.set(month_end);
+    let d = memory.decide(&request("month", 1)).await.unwrap();
+    assert_eq!(reset(&d), Some(31 * 24 * H), "December");
+    for (day, hours) in [("2029-03-25T00:00", 23), ("2029-10-28T00:00", 25)] {
+        clock.set(at(berlin, day));
+        let d = script.decide(&request("day", 1)).await.unwrap();
+        // The day's limit is the tighter (1 left, the week's 4): its status is reported.
+        assert_eq!(d.code, Code::Ok, "{day}");
+        assert_eq!(reset(&d), Some(hours * H), "{day} in Berlin: {d:?}");
     }
 }
