@@ -16,7 +16,8 @@
 //!   (keys, units, periods, modes).
 //! - [`store`]: where state lives (memory or Redis) and the layers around the backend, composed
 //!   once in [`store::build`], which returns the stack and its upkeep.
-//! - [`limiter`]: the algorithms as pure functions, and their facts.
+//! - [`limiter`]: the algorithms as pure functions, and their facts. [`calendar`]: a limit's
+//!   calendar windows (a day, week, month or year in a time zone).
 //! - [`clock`] (time, manual in tests), [`proto`] (the compiled protos), [`tls`] (the gRPC
 //!   listener's certificates, rotated), [`top`] (the most-limited values, a bounded sketch).
 

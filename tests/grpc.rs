@@ -449,3 +449,53 @@ async fn reflection_lists_and_describes_the_services() {
     assert!(!files.file_descriptor_proto.is_empty());
     server.running.stop().await.unwrap();
 }
+
+/// Issue 26 item 3 over the wire: a calendar month in Berlin. On February's last half minute
+/// the reset, `duration_until_reset`, Retry-After and the draft headers all say 30 s; on March
+/// 1st the month is fresh and 31 days long.
+#[tokio::test]
+async fn a_calendar_month_resets_on_the_first_in_its_zone() {
+    let rules = "domain: plans\ndescriptors:\n  - key: user\n    rate_limit: {unit: month, requests_per_unit: 2, calendar: Europe/Berlin, name: monthly}\n";
+    let server = start(rules, "retry-after,draft03", EngineSettings::default()).await;
+    let berlin = |civil: &str| {
+        let dt: jiff::civil::DateTime = civil.parse().unwrap();
+        let zone = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+        dt.to_zoned(zone).unwrap().timestamp().as_microsecond() as u64
+    };
+    server.clock.set(berlin("2026-02-28T23:59:30"));
+    let mut client = server.client().await;
+    let call = || request("plans", vec![descriptor(&[("user", "ann")])]);
+    let headers = |r: &sluice::proto::RateLimitResponse| -> Vec<(String, String)> {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    };
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 30);
+    assert_eq!(
+        headers(&r),
+        [
+            pair("x-ratelimit-limit", "2, 2;w=2592000;name=\"monthly\""),
+            pair("x-ratelimit-remaining", "1"),
+            pair("x-ratelimit-reset", "30"),
+        ]
+    );
+    client.should_rate_limit(call()).await.unwrap();
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 30);
+    assert!(headers(&r).contains(&pair("retry-after", "30")), "{r:?}");
+    server.clock.set(berlin("2026-03-01T00:00"));
+    let r = client.should_rate_limit(call()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(
+        r.statuses[0].duration_until_reset.unwrap().seconds,
+        31 * 86_400 - 3_600,
+        "March in Berlin: 31 days, one of them 23 hours"
+    );
+    server.running.stop().await.unwrap();
+}

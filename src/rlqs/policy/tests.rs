@@ -50,6 +50,17 @@ fn a_period_ends_with_the_earliest_window_and_a_second_for_the_others() {
     assert_eq!(end % MAX_PERIOD_US, 0);
     assert_eq!(period_end_us([&year], end - 1), Some(end));
     assert_eq!(period_end_us([], now), None);
+    // A calendar month: its grants end when the month does (or at a 64-day boundary first).
+    let calendar =
+        crate::calendar::Calendar::interned("Europe/Berlin", crate::calendar::CalendarUnit::Month)
+            .unwrap();
+    let month = limit(Algorithm::FixedWindow, 10, 30 * 86_400)
+        .with_calendar(calendar)
+        .unwrap();
+    let (_, month_end) = month.window_at(now);
+    let longest = (now / MAX_PERIOD_US + 1) * MAX_PERIOD_US;
+    assert_eq!(period_end_us([&month], now), Some(month_end.min(longest)));
+    assert_ne!(month_end % (30 * 86_400 * S), 0, "not an aligned 30 days");
 }
 
 #[test]
