@@ -478,7 +478,7 @@ fn typical_key(alg: Algorithm, n: u64) -> (Vec<u8>, usize) {
         )),
     );
     let tag = k.len();
-    k.limit(alg, sluice::rules::Unit::Hour, 1);
+    k.limit(alg, sluice::rules::Unit::Hour, 1, None);
     (k.slice(0..k.len()).to_vec(), tag)
 }
 
