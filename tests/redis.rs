@@ -1205,3 +1205,91 @@ descriptors:
         assert_eq!(reset(&d), Some(hours * H), "{day} in Berlin: {d:?}");
     }
 }
+
+/// Polls `fut` once (it runs up to its first wait: a decision has then sent its groups).
+async fn poll_once<F: std::future::Future>(fut: &mut std::pin::Pin<Box<F>>) {
+    std::future::poll_fn(|cx| {
+        let _ = fut.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// Issue 27 item 1: requests that queue while a call is in flight (Redis paused here) leave
+/// together — two FCALLs for nine requests — and each is still its own request: the window
+/// admits exactly its limit across them, and a group that fails (a calendar window its node
+/// computed two months off Redis's clock) fails alone; its neighbours are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_queue_leave_together_each_answered_on_its_own() {
+    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n  - key: cal\n    rate_limit: {unit: month, requests_per_unit: 5, calendar: UTC}\n";
+    let redis = RedisServer::start();
+    let script_clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let node_clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = RedisStore::new(&RedisOptions {
+        topology: Topology::Standalone(redis.url()),
+        pool_size: 1,
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
+        key_prefix: "b:".into(),
+    })
+    .unwrap()
+    .with_pinned_clock(script_clock.clone())
+    .with_node_clock(node_clock.clone());
+    let engine = Engine::new(
+        load_texts([("b.yaml", RULES)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    let req = |key: &str| Request {
+        domain: "b".into(),
+        descriptors: vec![descriptor(&[(key, "x")], 1, false)],
+    };
+    // The library loaded and the connection made; one of the four spent.
+    assert_eq!(engine.decide(&req("a")).await.unwrap().code, Code::Ok);
+    let fcalls = || commandstat(&redis.cli(&["INFO", "commandstats"]), "fcall");
+    let before = fcalls();
+
+    redis.pause();
+    let (a, cal) = (req("a"), req("cal"));
+    let mut first = Box::pin(engine.decide(&a));
+    poll_once(&mut first).await;
+    // Two months ahead: Redis's time is outside the windows this group carries.
+    node_clock.advance(60 * 86_400 * S);
+    let mut off = Box::pin(engine.decide(&cal));
+    poll_once(&mut off).await;
+    node_clock.set(1_800_000_000 * S);
+    let mut queued = Vec::new();
+    for _ in 0..6 {
+        queued.push(Box::pin(engine.decide(&a)));
+    }
+    for q in &mut queued {
+        poll_once(q).await;
+    }
+    let mut on_time = Box::pin(engine.decide(&cal));
+    poll_once(&mut on_time).await;
+    redis.resume();
+
+    let mut admitted = 1;
+    for d in std::iter::once(first.await).chain(futures_util::future::join_all(queued).await) {
+        if d.unwrap().code == Code::Ok {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 4,
+        "exactly the limit, across the batched requests"
+    );
+    let failed = off
+        .await
+        .expect_err("a window two months off Redis's clock");
+    assert!(
+        failed.to_string().contains("outside the calendar windows"),
+        "{failed}"
+    );
+    assert_eq!(on_time.await.unwrap().code, Code::Ok, "its neighbour");
+    let calls = fcalls() - before;
+    assert!(
+        (1..=2).contains(&calls),
+        "9 requests in {calls} FCALLs: the one in flight, then the queue"
+    );
+}

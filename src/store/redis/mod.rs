@@ -15,6 +15,7 @@
 //! is lost, each bounded by its own connect timeout: a request's `--redis-timeout` pays for its
 //! script call, not for a TCP and TLS handshake.
 
+mod batcher;
 mod script;
 mod sentinel;
 
@@ -32,8 +33,9 @@ use super::{Check, CheckKind, Outcome, Rollback, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{Algorithm, Verdict};
 
+use batcher::{Batcher, CallFailure, Worker};
 pub use script::LIMITER_SCRIPT;
-use script::{Call, Limiter};
+use script::{Group, GroupAnswer, Limiter};
 
 /// Where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,11 +209,12 @@ impl Pool {
         Ok(made)
     }
 
+    /// One call of the limiter carrying `groups`, on a connection of the pool.
     async fn invoke(
         self: &Arc<Self>,
         limiter: &Limiter,
-        call: &Call<'_>,
-    ) -> redis::RedisResult<Vec<i64>> {
+        groups: &[Group],
+    ) -> redis::RedisResult<Vec<GroupAnswer>> {
         match &self.conns {
             Connections::Standalone {
                 client,
@@ -234,7 +237,7 @@ impl Pool {
                         conn
                     }
                 };
-                limiter.run(&mut conn, call).await
+                limiter.run(&mut conn, groups).await
             }
             Connections::Cluster { client, conn } => {
                 let mut conn = match conn.load_full() {
@@ -245,9 +248,29 @@ impl Pool {
                         c
                     }
                 };
-                limiter.run(&mut conn, call).await
+                limiter.run(&mut conn, groups).await
             }
         }
+    }
+}
+
+impl Pool {
+    /// What a failed call means for its groups; a connection that broke (or a master demoted
+    /// to a replica, READONLY: a Sentinel failover) is dropped, and new connections find the
+    /// new master.
+    fn failure(self: &Arc<Self>, e: &redis::RedisError) -> CallFailure {
+        if e.is_timeout() {
+            // The client's own response timeout.
+            return CallFailure::Timeout;
+        }
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        {
+            self.reset();
+        }
+        CallFailure::Failed(RedisFailure::of(e).0)
     }
 }
 
@@ -324,7 +347,13 @@ fn connect_timed_out() -> redis::RedisError {
 
 pub struct RedisStore {
     pool: Arc<Pool>,
-    limiter: Limiter,
+    limiter: Arc<Limiter>,
+    /// Standalone and Sentinel: requests' groups leave together (see `batcher`). A cluster
+    /// routes each call by its keys' slot, so there each group is its own call.
+    batcher: Option<Batcher>,
+    /// The batcher's worker until the first call spawns it on its runtime.
+    worker: std::sync::Mutex<Option<Worker>>,
+    worker_started: AtomicBool,
     prefix: Vec<u8>,
     timeout: Duration,
     /// Tests only: a time for the script instead of Redis `TIME`.
@@ -392,14 +421,36 @@ impl RedisStore {
                 conn: ArcSwapOption::empty(),
             },
         };
+        let pool = Arc::new(Pool {
+            conns,
+            filling: AtomicBool::new(false),
+            reached: AtomicBool::new(false),
+            connect_timeout: options.connect_timeout,
+        });
+        let limiter = Arc::new(Limiter::default());
+        let (batcher, worker) = match &pool.conns {
+            Connections::Standalone { conns, .. } => {
+                let (pool, limiter) = (pool.clone(), limiter.clone());
+                let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
+                    let (pool, limiter) = (pool.clone(), limiter.clone());
+                    Box::pin(async move {
+                        pool.invoke(&limiter, &groups)
+                            .await
+                            .map_err(|e| pool.failure(&e))
+                    })
+                });
+                // One call in flight per connection, each carrying what queued meanwhile.
+                let (batcher, worker) = Batcher::pair(send, conns.len(), MAX_GROUPS_PER_CALL);
+                (Some(batcher), Some(worker))
+            }
+            Connections::Cluster { .. } => (None, None),
+        };
         Ok(Self {
-            pool: Arc::new(Pool {
-                conns,
-                filling: AtomicBool::new(false),
-                reached: AtomicBool::new(false),
-                connect_timeout: options.connect_timeout,
-            }),
-            limiter: Limiter::default(),
+            pool,
+            limiter,
+            batcher,
+            worker: std::sync::Mutex::new(worker),
+            worker_started: AtomicBool::new(false),
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
@@ -459,8 +510,11 @@ impl RedisStore {
         now: &str,
         node_now_us: u64,
     ) -> Result<GroupReply, StoreError> {
-        let mut call_keys: Vec<&[u8]> = Vec::with_capacity(indices.len());
-        let mut args: Vec<u64> = Vec::with_capacity(8 * indices.len());
+        let mut group = Group {
+            keys: Vec::with_capacity(indices.len()),
+            now: now.to_owned(),
+            args: Vec::with_capacity(8 * indices.len()),
+        };
         for &i in indices {
             let c = &checks[i];
             let kind = match c.kind {
@@ -468,43 +522,55 @@ impl RedisStore {
                 CheckKind::Shadow => 2,
                 CheckKind::Refund => 3,
             };
-            call_keys.push(&keys[i]);
-            push_check(&mut args, kind, c, node_now_us);
+            group.keys.push(keys[i].clone());
+            push_check(&mut group.args, kind, c, node_now_us);
         }
-        let script_call = Call {
-            keys: &call_keys,
-            now,
-            args: &args,
-        };
         let call = async {
-            let reply = self
-                .pool
-                .invoke(&self.limiter, &script_call)
-                .await
-                .map_err(|e| {
-                    if e.is_timeout() {
-                        // The cluster client's own response timeout.
-                        return StoreError::Timeout(self.timeout);
-                    }
-                    // READONLY: the server was demoted to a replica (a Sentinel failover); new
-                    // connections find the new master.
-                    if e.is_io_error()
-                        || e.is_connection_dropped()
-                        || e.is_connection_refusal()
-                        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-                    {
-                        self.pool.reset();
-                    }
-                    StoreError::unavailable(RedisFailure::of(&e))
-                })?;
-            parse_reply(&reply, indices.len())
+            let answer = match &self.batcher {
+                Some(batcher) => {
+                    self.start_batcher();
+                    batcher.call(group).await
+                }
+                None => self
+                    .pool
+                    .invoke(&self.limiter, std::slice::from_ref(&group))
+                    .await
+                    .map(|mut answers| answers.swap_remove(0))
+                    .map_err(|e| self.pool.failure(&e)),
+            };
+            match answer {
+                Ok(Ok(reply)) => parse_reply(&reply, indices.len()),
+                // The group's own error (its neighbours in the call were answered).
+                Ok(Err(text)) => Err(StoreError::unavailable(RedisFailure(text))),
+                Err(CallFailure::Timeout) => Err(StoreError::Timeout(self.timeout)),
+                Err(CallFailure::Failed(text)) => Err(StoreError::unavailable(RedisFailure(text))),
+                Err(CallFailure::Stopped) => Err(StoreError::unavailable(RedisFailure(
+                    "the Redis batcher stopped (its runtime shut down)".into(),
+                ))),
+            }
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
+
+    /// Spawns the batcher's worker on the first call's runtime (a store can be made outside
+    /// one).
+    fn start_batcher(&self) {
+        if self.worker_started.load(Ordering::Acquire) {
+            return;
+        }
+        self.worker_started.store(true, Ordering::Release);
+        let mut worker = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(worker) = worker.take() {
+            tokio::spawn(worker);
+        }
+    }
 }
+
+/// The most groups one call carries: a call of 64 fixed-window groups holds Redis ~0.2 ms.
+const MAX_GROUPS_PER_CALL: usize = 64;
 
 /// One check's arguments as `batch.lua` reads them: a head (algorithm + 8 × kind + 32 × how
 /// many optional fields follow + 256 for a calendar limit), hits, requests, period, then burst,

@@ -38,17 +38,22 @@ macro_rules! body {
     };
 }
 
-/// The body as a script (`EVAL`): it ends by running `batch` on the call's keys and arguments.
-pub const LIMITER_SCRIPT: &str = concat!(body!(), "\nreturn batch(KEYS, ARGV)\n");
+/// The body as a script (`EVAL`): it ends by running `batches` on the call's keys and arguments.
+pub const LIMITER_SCRIPT: &str = concat!(body!(), "\nreturn batches(KEYS, ARGV)\n");
 
-/// One request's checks for one slot: the keys, then the arguments after the time (see
-/// `batch.lua`).
-pub struct Call<'a> {
-    pub keys: &'a [&'a [u8]],
-    /// `''` (Redis `TIME`) or a pinned time in microseconds.
-    pub now: &'a str,
-    pub args: &'a [u64],
+/// One request's checks for one slot: the keys, the time, and the checks' arguments (see
+/// `batch.lua`). A call carries one or more groups (see `batcher`).
+#[derive(Debug, Clone, Default)]
+pub struct Group {
+    pub keys: Vec<Vec<u8>>,
+    /// Empty (Redis `TIME`) or a pinned time in microseconds (tests only).
+    pub now: String,
+    pub args: Vec<u64>,
 }
+
+/// What one group answered: its reply's integers, or the text of the error it raised (its
+/// neighbours in the call are answered on their own).
+pub type GroupAnswer = Result<Vec<i64>, String>;
 
 /// The limiter's code on a Redis server: as a Functions library, or as a script where the
 /// server has no Functions.
@@ -69,7 +74,7 @@ impl Default for Limiter {
         let script = redis::Script::new(LIMITER_SCRIPT);
         let name = format!("sluice_{}", &script.get_hash()[..16]);
         let library = format!(
-            "#!lua name={name}\n{}\nredis.register_function('{name}', batch)\n",
+            "#!lua name={name}\n{}\nredis.register_function('{name}', batches)\n",
             body!()
         );
         Self {
@@ -83,12 +88,28 @@ impl Default for Limiter {
 }
 
 impl Limiter {
-    /// Runs `call` on `conn`: the reply of `batch`.
+    /// Runs `groups` on `conn` in one call: each group's answer, in order.
     pub async fn run(
         &self,
         conn: &mut (impl ConnectionLike + Send),
-        call: &Call<'_>,
-    ) -> RedisResult<Vec<i64>> {
+        groups: &[Group],
+    ) -> RedisResult<Vec<GroupAnswer>> {
+        let replies = self.call(conn, groups).await?;
+        if replies.len() != groups.len() {
+            return Err(unexpected(format!(
+                "{} replies for {} groups",
+                replies.len(),
+                groups.len()
+            )));
+        }
+        replies.into_iter().map(group_answer).collect()
+    }
+
+    async fn call(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        call: &[Group],
+    ) -> RedisResult<Vec<redis::Value>> {
         if !self.scripts_only.load(Ordering::Relaxed) {
             let fcall = self.command("FCALL", &self.name, call);
             match fcall.query_async(conn).await {
@@ -125,7 +146,7 @@ impl Limiter {
         &self,
         conn: &mut (impl ConnectionLike + Send),
         fcall: &redis::Cmd,
-    ) -> Result<RedisResult<Vec<i64>>, RedisError> {
+    ) -> Result<RedisResult<Vec<redis::Value>>, RedisError> {
         let _loading = self.loading.lock().await;
         match fcall.query_async(conn).await {
             Err(e) if is_missing_function(&e) => {}
@@ -159,19 +180,44 @@ impl Limiter {
             .map(drop)
     }
 
-    /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments.
-    fn command(&self, verb: &str, name: &str, call: &Call<'_>) -> redis::Cmd {
+    /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments: every group's keys,
+    /// the number of groups, and each group's header (checks, arguments, time) and arguments.
+    fn command(&self, verb: &str, name: &str, groups: &[Group]) -> redis::Cmd {
         let mut cmd = redis::cmd(verb);
-        cmd.arg(name).arg(call.keys.len());
-        for key in call.keys {
-            cmd.arg(*key);
+        let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
+        cmd.arg(name).arg(keys);
+        for key in groups.iter().flat_map(|g| &g.keys) {
+            cmd.arg(key.as_slice());
         }
-        cmd.arg(call.now);
-        for n in call.args {
-            cmd.arg(*n);
+        cmd.arg(groups.len());
+        for g in groups {
+            cmd.arg(g.keys.len()).arg(g.args.len()).arg(g.now.as_str());
+            for n in &g.args {
+                cmd.arg(*n);
+            }
         }
         cmd
     }
+}
+
+/// One group's reply: an array of integers, or the text of its error.
+fn group_answer(reply: redis::Value) -> RedisResult<GroupAnswer> {
+    match reply {
+        redis::Value::Array(values) => Ok(Ok(values
+            .into_iter()
+            .map(|v| match v {
+                redis::Value::Int(n) => Ok(n),
+                other => Err(unexpected(format!("{other:?} in a group's reply"))),
+            })
+            .collect::<RedisResult<Vec<i64>>>()?)),
+        redis::Value::BulkString(text) => Ok(Err(String::from_utf8_lossy(&text).into_owned())),
+        redis::Value::SimpleString(text) => Ok(Err(text)),
+        other => Err(unexpected(format!("{other:?} as a group's reply"))),
+    }
+}
+
+fn unexpected(what: String) -> RedisError {
+    RedisError::from((ErrorKind::Client, "unexpected reply from the limiter", what))
 }
 
 /// The server answered, and it will not load the library: no such command, or not allowed.

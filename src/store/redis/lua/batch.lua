@@ -1,19 +1,28 @@
--- sluice: decides one request's checks in one slot, all or nothing.
+-- sluice: decides groups of checks, each group one request's checks in one slot, all or nothing.
 --
--- batch(keys, argv): a key per check. argv[1]: '' (time from Redis TIME) or a pinned time in
--- microseconds (tests only; TTLs are then padded, see prelude.lua). Then per check: a head,
--- hits, requests, period_us, and as many of burst, tick_us, cap, until as the head says. The
--- head is algorithm + 8 * kind + 32 * extra: algorithm 1 fixed_window, 2 sliding_window,
--- 3 sliding_log, 4..6 the buckets; kind 1 enforce, 2 shadow, 3 refund; extra 0..4, how many of
--- the optional fields follow (the caller leaves off trailing zeros), + 256 for a calendar limit:
--- after the optional fields, the four boundaries of its windows around the node's clock (see
--- window_of), which take the place of the period. cap: an overdraft limit's
--- most recorded usage (0: not an overdraft limit, see Limit); until: refunds only, applied only
--- while now < until (0: always). Each argument costs Redis ~0.2 µs to pass and convert, and a
--- fixed window check needs none of the four: 4 arguments, not 9.
--- Reply: allowed (1/0), the time decided at (microseconds), then per check: allowed,
--- remaining, reset_after_us, retry_after_us.
--- Keys are unique among the non-refund checks (the caller merges repeats).
+-- batches(keys, argv): argv[1] is the number of groups. Each group then has a header of three:
+-- how many checks (keys) it has, how many arguments follow its header, and '' (time from
+-- Redis TIME) or a pinned time in microseconds (tests only; TTLs are then padded, see
+-- prelude.lua). Then per check: a head, hits, requests, period_us, and as many of burst,
+-- tick_us, cap, until as the head says. The head is algorithm + 8 * kind + 32 * extra: algorithm 1
+-- fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets; kind 1 enforce, 2 shadow, 3
+-- refund; extra 0..4, how many of the optional fields follow (the caller leaves off trailing
+-- zeros), + 256 for a calendar limit: after the optional fields, the four boundaries of its
+-- windows around the node's clock (see window_of), which take the place of the period. cap:
+-- an overdraft limit's most recorded usage (0: not an overdraft limit, see Limit); until:
+-- refunds only, applied only while now < until (0: always). Each argument costs Redis ~0.2 µs
+-- to pass and convert, and a fixed window check needs none of the four: 4 arguments, not 9.
+-- The keys are the groups' keys in order, a key per check.
+--
+-- Reply: per group, an array — allowed (1/0), the time decided at (microseconds), then per check:
+-- allowed, remaining, reset_after_us, retry_after_us — or, where the group raised an error, the
+-- error's text: a group's error is its own, never its neighbours'. Keys are unique among a
+-- group's non-refund checks (the caller merges repeats); groups are independent requests, so
+-- one group's writes are seen by the groups after it, as if they had been called one by one.
+--
+-- Why groups: the calls a node has queued while its earlier ones were in flight leave in one
+-- FCALL (store::redis::batcher), so Redis's cost of a call (reading and parsing the command,
+-- starting the function, TIME, writing the reply) is paid once for them all.
 
 local ENFORCE, REFUND = 1, 3
 
@@ -82,21 +91,12 @@ local function check_at(argv, b)
   return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
-local function batch(keys, argv)
-  local now
-  if argv[1] ~= '' then
-    now = tonumber(argv[1])
-    ttl_pad_ms = 3600000
-  else
-    ttl_pad_ms = 0
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-  local n = #keys
+-- One group: `n` checks on keys[k + 1 .. k + n], their arguments from argv[b].
+local function group(now, keys, k, n, argv, b)
   if n == 1 then
     -- Alone, a check that would write decides the batch (or is a charge): it writes at once.
-    local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(argv, 2)
-    local key = keys[1]
+    local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(argv, b)
+    local key = keys[k + 1]
     if kind == REFUND then
       local a, r, reset, retry =
         refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
@@ -120,7 +120,6 @@ local function batch(keys, argv)
   local pending = {}
   local refunds = {}
   local allowed = 1
-  local b = 2
   for i = 1, n do
     local at = b
     local alg, kind, hits, requests, period, burst, tick, cap, _, next_b = check_at(argv, b)
@@ -130,7 +129,7 @@ local function batch(keys, argv)
       refunds[#refunds + 1] = at
     else
       local a, r, reset, retry, w1, w2, w3, w4 =
-        decide(now, keys[i], alg, hits, requests, period, burst, tick, cap)
+        decide(now, keys[k + i], alg, hits, requests, period, burst, tick, cap)
       local o = 2 + (i - 1) * 4
       reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = a, r, reset, retry
       local charge = 0
@@ -149,7 +148,7 @@ local function batch(keys, argv)
     local i = pending[p]
     local alg, _, hits, requests, period, burst, tick, cap = check_at(argv, pending[p + 1])
     if allowed == 1 or pending[p + 2] == 1 then
-      commit_of[alg](keys[i], now, requests, period, burst, tick, cap,
+      commit_of[alg](keys[k + i], now, requests, period, burst, tick, cap,
         pending[p + 3], pending[p + 4], pending[p + 5], pending[p + 6])
     else
       -- Not consumed after all: what was left is left still.
@@ -165,8 +164,40 @@ local function batch(keys, argv)
       check_at(argv, refunds[p + 1])
     local o = 2 + (i - 1) * 4
     reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] =
-      refund(now, keys[i], alg, hits, requests, period, burst, tick, cap, refund_until)
+      refund(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, refund_until)
   end
   reply[1] = allowed
   return reply
+end
+
+-- An error raised in a group (a redis.call's error is a table), as its reply: a string.
+local function error_text(e)
+  if type(e) == 'table' then e = e.err end
+  return tostring(e)
+end
+
+local function batches(keys, argv)
+  local groups = tonumber(argv[1])
+  local replies = {}
+  local b, k = 2, 0
+  local time = nil
+  for j = 1, groups do
+    local n, args, t = tonumber(argv[b]), tonumber(argv[b + 1]), argv[b + 2]
+    local now
+    if t ~= '' then
+      now = tonumber(t)
+      ttl_pad_ms = 3600000
+    else
+      if time == nil then
+        local r = redis.call('TIME')
+        time = tonumber(r[1]) * 1000000 + tonumber(r[2])
+      end
+      now = time
+      ttl_pad_ms = 0
+    end
+    local ok, reply = pcall(group, now, keys, k, n, argv, b + 3)
+    if ok then replies[j] = reply else replies[j] = error_text(reply) end
+    b, k = b + 3 + args, k + n
+  end
+  return replies
 end

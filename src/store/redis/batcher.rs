@@ -1,0 +1,280 @@
+//! Cross-request batching: the groups of checks that queue while earlier calls are in flight
+//! leave together, as one call of the limiter (`batch.lua`'s `batches`).
+//!
+//! Why: most of what a decision costs Redis is the call around it — reading and parsing the
+//! command, starting the function, `TIME`, writing the reply — not the two or three hash
+//! commands the check itself runs. One call per request paid that every time (~12 µs of Redis
+//! CPU per decision, BENCHMARKS.md); a call carrying the groups that queued meanwhile pays it once
+//! for them all. Each group is still its own request: all-or-nothing on its own, answered on its
+//! own, its errors its own.
+//!
+//! How: a worker keeps at most `in_flight` calls outstanding (one per connection of the pool).
+//! A group that arrives while fewer are out leaves at once, alone — no timer, no added latency
+//! at low load; one that arrives while all are out waits in the queue, and when a call comes
+//! back the worker sends everything queued (up to `max_groups`) as the next call. So batches
+//! grow with the load, by themselves. A group whose caller gave up (its timeout) before it left
+//! is dropped unsent.
+//!
+//! As tower's `Buffer::pair`, [`Batcher::pair`] hands the worker back to its caller, which runs
+//! it (the store spawns it on first use: a store can be made outside a runtime).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+
+use super::script::{Group, GroupAnswer};
+
+/// Why a call failed, for every group it carried (so it clones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallFailure {
+    /// The client's own response timeout.
+    Timeout,
+    /// Anything else, its message with any password hidden.
+    Failed(String),
+    /// The worker is gone (its runtime shut down).
+    Stopped,
+}
+
+/// A call of the limiter with these groups: each group's answer, in order.
+pub type SendCall = Box<dyn Fn(Vec<Group>) -> CallFuture + Send + Sync>;
+
+pub type CallFuture = Pin<Box<dyn Future<Output = Result<Vec<GroupAnswer>, CallFailure>> + Send>>;
+
+/// The worker: run it on a runtime until every [`Batcher`] handle is dropped.
+pub type Worker = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+struct Pending {
+    group: Group,
+    answer: oneshot::Sender<Result<GroupAnswer, CallFailure>>,
+}
+
+/// The handle: submits a group and waits for its answer.
+pub struct Batcher {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+impl Batcher {
+    /// A handle and its worker, which sends with `send`, at most `in_flight` calls at once and
+    /// at most `max_groups` groups per call.
+    pub fn pair(send: SendCall, in_flight: usize, max_groups: usize) -> (Self, Worker) {
+        let (queue, pending) = mpsc::unbounded_channel();
+        let worker = run(pending, send, in_flight.max(1), max_groups.max(1));
+        (Self { queue }, Box::pin(worker))
+    }
+
+    /// `group`'s answer, from the first call it can leave in.
+    pub async fn call(&self, group: Group) -> Result<GroupAnswer, CallFailure> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Pending { group, answer })
+            .map_err(|_| CallFailure::Stopped)?;
+        answered.await.unwrap_or(Err(CallFailure::Stopped))
+    }
+}
+
+async fn run(
+    mut pending: mpsc::UnboundedReceiver<Pending>,
+    send: SendCall,
+    in_flight: usize,
+    max_groups: usize,
+) {
+    let mut out = FuturesUnordered::new();
+    let mut open = true;
+    while open || !out.is_empty() {
+        tokio::select! {
+            // Answers first: a slot freed is what lets the queue leave.
+            biased;
+            Some(()) = out.next(), if !out.is_empty() => {}
+            first = pending.recv(), if open && out.len() < in_flight => {
+                let Some(first) = first else {
+                    open = false;
+                    continue;
+                };
+                let mut batch = Vec::with_capacity(8);
+                batch.push(first);
+                while batch.len() < max_groups {
+                    match pending.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                // Callers that gave up are not sent for.
+                batch.retain(|p| !p.answer.is_closed());
+                if batch.is_empty() {
+                    continue;
+                }
+                let (groups, answers): (Vec<Group>, Vec<_>) =
+                    batch.into_iter().map(|p| (p.group, p.answer)).unzip();
+                let call = send(groups);
+                out.push(async move {
+                    match call.await {
+                        Ok(replies) => {
+                            for (answer, reply) in answers.into_iter().zip(replies) {
+                                let _ = answer.send(Ok(reply));
+                            }
+                        }
+                        Err(failure) => {
+                            for answer in answers {
+                                let _ = answer.send(Err(failure.clone()));
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    fn group(n: u64) -> Group {
+        Group {
+            keys: vec![n.to_string().into_bytes()],
+            now: String::new(),
+            args: vec![n],
+        }
+    }
+
+    /// What each call carried (each group's argument), in order.
+    type Calls = Arc<Mutex<Vec<Vec<u64>>>>;
+
+    /// A `send` that records each call's groups and answers each group with its own argument
+    /// (13 with an error); calls complete only when the test releases them.
+    fn recording() -> (SendCall, Calls, Arc<tokio::sync::Semaphore>) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let (c, r) = (calls.clone(), release.clone());
+        let send: SendCall = Box::new(move |groups: Vec<Group>| {
+            let (c, r) = (c.clone(), r.clone());
+            Box::pin(async move {
+                c.lock()
+                    .unwrap()
+                    .push(groups.iter().map(|g| g.args[0]).collect());
+                r.acquire().await.unwrap().forget();
+                Ok(groups
+                    .iter()
+                    .map(|g| {
+                        if g.args[0] == 13 {
+                            Err("unlucky".to_owned())
+                        } else {
+                            Ok(vec![g.args[0] as i64])
+                        }
+                    })
+                    .collect())
+            })
+        });
+        (send, calls, release)
+    }
+
+    #[tokio::test]
+    async fn a_lone_group_leaves_at_once_and_the_queue_leaves_together() {
+        let (send, calls, release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 64);
+        tokio::spawn(worker);
+        let batcher = Arc::new(batcher);
+        let first = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.call(group(1)).await }
+        });
+        // The first call is out (recorded) before any other group exists.
+        while calls.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let rest: Vec<_> = (2..=14)
+            .map(|n| {
+                let b = batcher.clone();
+                tokio::spawn(async move { b.call(group(n)).await })
+            })
+            .collect();
+        // Let them all queue behind the call in flight, then answer it.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        release.add_permits(2);
+        assert_eq!(first.await.unwrap(), Ok(Ok(vec![1])));
+        let mut answers = Vec::new();
+        for r in rest {
+            answers.push(r.await.unwrap());
+        }
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [vec![1], (2..=14).collect::<Vec<_>>()],
+            "one call alone, then one call for everything that queued"
+        );
+        // Each group is answered on its own, its error its own.
+        for (n, a) in (2..=14).zip(answers) {
+            let want = if n == 13 {
+                Ok(Err("unlucky".to_owned()))
+            } else {
+                Ok(Ok(vec![n as i64]))
+            };
+            assert_eq!(a, want, "group {n}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_fails_each_of_its_groups_and_a_caller_that_left_is_not_sent() {
+        let send: SendCall = Box::new(|_groups| Box::pin(async { Err(CallFailure::Timeout) }));
+        let (batcher, worker) = Batcher::pair(send, 2, 64);
+        tokio::spawn(worker);
+        assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Timeout));
+
+        let (send, calls, release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 64);
+        let batcher = Arc::new(batcher);
+        // Queued before the worker runs, so they leave in one call: all but the group whose
+        // caller gave up.
+        let gone = {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.call(group(7)).await })
+        };
+        tokio::task::yield_now().await;
+        gone.abort();
+        let _ = gone.await;
+        let kept = {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.call(group(8)).await })
+        };
+        tokio::task::yield_now().await;
+        tokio::spawn(worker);
+        release.add_permits(1);
+        assert_eq!(kept.await.unwrap(), Ok(Ok(vec![8])));
+        assert_eq!(*calls.lock().unwrap(), [vec![8]]);
+        // Every handle gone: the worker ends; a handle whose worker is gone says so.
+        drop(batcher);
+        let (send, _, _) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 64);
+        drop(worker);
+        assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Stopped));
+    }
+
+    #[tokio::test]
+    async fn a_call_carries_at_most_max_groups() {
+        let (send, calls, release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 4);
+        let batcher = Arc::new(batcher);
+        let all: Vec<_> = (1..=10)
+            .map(|n| {
+                let b = batcher.clone();
+                tokio::spawn(async move { b.call(group(n)).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::spawn(worker);
+        release.add_permits(10);
+        for a in all {
+            assert!(a.await.unwrap().is_ok());
+        }
+        let sizes: Vec<usize> = calls.lock().unwrap().iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4, 4, 2]);
+    }
+}
