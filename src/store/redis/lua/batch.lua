@@ -25,6 +25,7 @@
 -- starting the function, TIME, writing the reply) is paid once for them all.
 
 local ENFORCE, REFUND = 1, 3
+local FIXED_WINDOW = 1
 
 local decide_of = {
   fixed_window_decide, sliding_window_decide, sliding_log_decide,
@@ -102,10 +103,16 @@ local function group(now, keys, k, n, argv, b)
         refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
       return { 1, now, a, r, reset, retry }
     end
-    local a, r, reset, retry, w1, w2, w3, w4 =
-      decide(now, key, alg, hits, requests, period, burst, tick, cap)
-    if w1 ~= nil and (a == 1 or is_charge(hits, requests, cap)) then
-      commit_of[alg](key, now, requests, period, burst, tick, cap, w1, w2, w3, w4)
+    local a, r, reset, retry, w1, w2, w3, w4
+    if alg == FIXED_WINDOW and cap == 0 and hits > 0 and requests > 0 then
+      a, r, reset, retry = fixed_window_alone(key, now, hits, requests, period)
+    end
+    if a == nil then
+      a, r, reset, retry, w1, w2, w3, w4 =
+        decide(now, key, alg, hits, requests, period, burst, tick, cap)
+      if w1 ~= nil and (a == 1 or is_charge(hits, requests, cap)) then
+        commit_of[alg](key, now, requests, period, burst, tick, cap, w1, w2, w3, w4)
+      end
     end
     local allowed = 1
     if a ~= 1 and kind == ENFORCE then allowed = 0 end

@@ -74,3 +74,34 @@ local function fixed_window_refund(key, now, hits, requests, period, burst, tick
   local _, field, count, held = fixed_window_current(key, now, period)
   fixed_window_store(key, field, now, period, count, math.max(count - hits, 0), held)
 end
+
+-- A check alone in its group, not a cost limit, with hits: the same decision in one command
+-- where the window already counts (the common case), instead of an HGET and an HINCRBY. It adds
+-- the hits first; the count before is the result less the hits. Over the limit, it takes them
+-- back (a denial then costs two commands, as the over-limit cache spares Redis most of them).
+-- Where the count before was 0 the hash may not have held the window (a new window, a stale
+-- one, the old form): the increment is undone exactly — the hash holds one field at most, so
+-- two fields mean the window's was new; a key without a TTL was made by the increment — and it
+-- returns nil: the general path decides.
+local function fixed_window_alone(key, now, hits, requests, period)
+  local start, finish = window_of(now, period)
+  local field = fixed_window_field(start)
+  local counted = redis.call('HINCRBY', key, field, hits)
+  local count = counted - hits
+  if count > 0 then
+    local to_end = finish - now
+    if hits <= requests and count <= requests - hits then
+      return 1, requests - counted, to_end, 0
+    end
+    redis.call('HINCRBY', key, field, -hits)
+    return 0, math.max(requests - count, 0), to_end, to_end
+  end
+  if redis.call('PTTL', key) < 0 then
+    redis.call('DEL', key)
+  elseif redis.call('HLEN', key) > 1 then
+    redis.call('HDEL', key, field)
+  else
+    redis.call('HINCRBY', key, field, -hits)
+  end
+  return nil
+end
