@@ -1293,3 +1293,97 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
         "9 requests in {calls} FCALLs: the one in flight, then the queue"
     );
 }
+
+/// On a Redis Cluster a call's keys share a slot, so requests queue per slot: those on one slot
+/// (a hot key) leave together while its call is out, and a master that stops answering holds up
+/// only its own slots — a request on another master's slot is answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_requests_queue_per_slot() {
+    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n";
+    let cluster = RedisCluster::start_with(0, 15_000);
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = RedisStore::new(&RedisOptions {
+        topology: Topology::Cluster(cluster.urls()),
+        pool_size: 1,
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
+        key_prefix: "b:".into(),
+    })
+    .unwrap()
+    .with_pinned_clock(clock.clone());
+    let engine = Engine::new(
+        load_texts([("b.yaml", RULES)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    let req = |value: &str| Request {
+        domain: "b".into(),
+        descriptors: vec![descriptor(&[("a", value)], 1, false)],
+    };
+    let holder = |value: &str| -> usize {
+        let found: Vec<usize> = (0..cluster.nodes.len())
+            .filter(|&i| {
+                let keys = cluster.nodes[i].cli(&["KEYS", "b:*"]);
+                keys.lines()
+                    .any(|k| k.ends_with(&format!("1:a{}:{value}#12*1#", value.len())))
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{value} on one master: {found:?}");
+        found[0]
+    };
+    // The hot key, and a key on another master (every value is tried until one is).
+    assert_eq!(engine.decide(&req("hot")).await.unwrap().code, Code::Ok);
+    let hot_master = holder("hot");
+    let mut elsewhere = None;
+    for i in 0..100 {
+        let v = format!("v{i}");
+        engine.decide(&req(&v)).await.unwrap();
+        if holder(&v) != hot_master {
+            elsewhere = Some(v);
+            break;
+        }
+    }
+    let elsewhere = elsewhere.expect("a value on another master");
+    let fcalls = || {
+        commandstat(
+            &cluster.nodes[hot_master].cli(&["INFO", "commandstats"]),
+            "fcall",
+        )
+    };
+    let before = fcalls();
+
+    cluster.nodes[hot_master].pause();
+    let hot = req("hot");
+    let mut first = Box::pin(engine.decide(&hot));
+    poll_once(&mut first).await;
+    let mut queued = Vec::new();
+    for _ in 0..6 {
+        queued.push(Box::pin(engine.decide(&hot)));
+    }
+    for q in &mut queued {
+        poll_once(q).await;
+    }
+    // Another master's slot does not wait on the paused one.
+    let answered = tokio::time::timeout(Duration::from_secs(5), engine.decide(&req(&elsewhere)))
+        .await
+        .expect("answered while the hot key's master is paused")
+        .unwrap();
+    assert_eq!(answered.code, Code::Ok);
+    cluster.nodes[hot_master].resume();
+
+    let mut admitted = 1;
+    for d in std::iter::once(first.await).chain(futures_util::future::join_all(queued).await) {
+        if d.unwrap().code == Code::Ok {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 4,
+        "exactly the limit, across the batched requests"
+    );
+    let calls = fcalls() - before;
+    assert!(
+        (1..=2).contains(&calls),
+        "7 requests on one slot in {calls} FCALLs: the one in flight, then the queue"
+    );
+}

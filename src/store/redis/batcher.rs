@@ -38,17 +38,21 @@ pub enum CallFailure {
     Stopped,
 }
 
-/// A call of the limiter with these groups: each group's answer, in order.
+/// A call of the limiter with these groups: each group's answer, in order (a call that failed
+/// fails each of its groups; a cluster's call may reach several servers, and fail on one).
 pub type SendCall = Box<dyn Fn(Vec<Group>) -> CallFuture + Send + Sync>;
 
-pub type CallFuture = Pin<Box<dyn Future<Output = Result<Vec<GroupAnswer>, CallFailure>> + Send>>;
+pub type CallFuture = Pin<Box<dyn Future<Output = Vec<GroupOutcome>> + Send>>;
+
+/// One group's outcome: its answer, or why its call failed.
+pub type GroupOutcome = Result<GroupAnswer, CallFailure>;
 
 /// The worker: run it on a runtime until every [`Batcher`] handle is dropped.
 pub type Worker = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 struct Pending {
     group: Group,
-    answer: oneshot::Sender<Result<GroupAnswer, CallFailure>>,
+    answer: oneshot::Sender<GroupOutcome>,
 }
 
 /// The handle: submits a group and waits for its answer.
@@ -66,7 +70,7 @@ impl Batcher {
     }
 
     /// `group`'s answer, from the first call it can leave in.
-    pub async fn call(&self, group: Group) -> Result<GroupAnswer, CallFailure> {
+    pub async fn call(&self, group: Group) -> GroupOutcome {
         let (answer, answered) = oneshot::channel();
         self.queue
             .send(Pending { group, answer })
@@ -110,17 +114,12 @@ async fn run(
                     batch.into_iter().map(|p| (p.group, p.answer)).unzip();
                 let call = send(groups);
                 out.push(async move {
-                    match call.await {
-                        Ok(replies) => {
-                            for (answer, reply) in answers.into_iter().zip(replies) {
-                                let _ = answer.send(Ok(reply));
-                            }
-                        }
-                        Err(failure) => {
-                            for answer in answers {
-                                let _ = answer.send(Err(failure.clone()));
-                            }
-                        }
+                    let mut outcomes = call.await.into_iter();
+                    for answer in answers {
+                        let outcome = outcomes.next().unwrap_or_else(|| {
+                            Err(CallFailure::Failed("no answer for this group".into()))
+                        });
+                        let _ = answer.send(outcome);
                     }
                 });
             }
@@ -158,16 +157,16 @@ mod tests {
                     .unwrap()
                     .push(groups.iter().map(|g| g.args[0]).collect());
                 r.acquire().await.unwrap().forget();
-                Ok(groups
+                groups
                     .iter()
                     .map(|g| {
-                        if g.args[0] == 13 {
+                        Ok(if g.args[0] == 13 {
                             Err("unlucky".to_owned())
                         } else {
                             Ok(vec![g.args[0] as i64])
-                        }
+                        })
                     })
-                    .collect())
+                    .collect()
             })
         });
         (send, calls, release)
@@ -221,7 +220,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_call_fails_each_of_its_groups_and_a_caller_that_left_is_not_sent() {
-        let send: SendCall = Box::new(|_groups| Box::pin(async { Err(CallFailure::Timeout) }));
+        let send: SendCall = Box::new(|groups| {
+            Box::pin(async move { vec![Err(CallFailure::Timeout); groups.len()] })
+        });
         let (batcher, worker) = Batcher::pair(send, 2, 64);
         tokio::spawn(worker);
         assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Timeout));

@@ -1,11 +1,12 @@
-//! Redis and Redis Cluster: one call of the limiter library per request per cluster slot, all
-//! or nothing.
+//! Redis and Redis Cluster: a request's checks decided by the limiter library per cluster slot,
+//! all or nothing; the groups of requests that queue meanwhile leave in one call (`batcher`).
 //!
 //! Each check's key is `prefix{tag}encoded-key`: the tag is 8 hex digits of a hash of the
 //! descriptor (domain and matched entries), so every tier of one descriptor lands in one slot
 //! and is decided by one script, and no byte of a descriptor value can move a key or make two
 //! descriptors collide (the encoded key is length-prefixed). Checks are grouped by slot; the
-//! groups run concurrently, one FCALL each (the library loaded again when Redis lost it; EVALSHA
+//! groups run concurrently, each in an FCALL it may share with other requests' groups of the
+//! same server (standalone) or slot (cluster) (the library loaded again when Redis lost it; EVALSHA
 //! of the same code where Redis has no Functions). When one group denies,
 //! the groups that consumed are refunded, so a denied request consumes nothing in the end; a
 //! concurrent request may see those hits for the length of one round trip (under-admission,
@@ -33,7 +34,7 @@ use super::{Check, CheckKind, Outcome, Rollback, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{Algorithm, Verdict};
 
-use batcher::{Batcher, CallFailure, Worker};
+use batcher::{Batcher, CallFailure, GroupOutcome, Worker};
 pub use script::LIMITER_SCRIPT;
 use script::{Group, GroupAnswer, Limiter};
 
@@ -255,6 +256,18 @@ impl Pool {
 }
 
 impl Pool {
+    /// One call carrying `groups`: each one's outcome.
+    async fn invoke_all(
+        self: &Arc<Self>,
+        limiter: &Limiter,
+        groups: &[Group],
+    ) -> Vec<GroupOutcome> {
+        match self.invoke(limiter, groups).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(self.failure(&e)); groups.len()],
+        }
+    }
+
     /// What a failed call means for its groups; a connection that broke (or a master demoted
     /// to a replica, READONLY: a Sentinel failover) is dropped, and new connections find the
     /// new master.
@@ -348,12 +361,8 @@ fn connect_timed_out() -> redis::RedisError {
 pub struct RedisStore {
     pool: Arc<Pool>,
     limiter: Arc<Limiter>,
-    /// Standalone and Sentinel: requests' groups leave together (see `batcher`). A cluster
-    /// routes each call by its keys' slot, so there each group is its own call.
-    batcher: Option<Batcher>,
-    /// The batcher's worker until the first call spawns it on its runtime.
-    worker: std::sync::Mutex<Option<Worker>>,
-    worker_started: AtomicBool,
+    /// Requests' groups leave together (see `batcher`).
+    batchers: Batchers,
     prefix: Vec<u8>,
     timeout: Duration,
     /// Tests only: a time for the script instead of Redis `TIME`.
@@ -428,29 +437,24 @@ impl RedisStore {
             connect_timeout: options.connect_timeout,
         });
         let limiter = Arc::new(Limiter::default());
-        let (batcher, worker) = match &pool.conns {
+        let batchers = match &pool.conns {
+            // One call in flight per connection, each carrying what queued meanwhile.
             Connections::Standalone { conns, .. } => {
-                let (pool, limiter) = (pool.clone(), limiter.clone());
-                let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
-                    let (pool, limiter) = (pool.clone(), limiter.clone());
-                    Box::pin(async move {
-                        pool.invoke(&limiter, &groups)
-                            .await
-                            .map_err(|e| pool.failure(&e))
-                    })
-                });
-                // One call in flight per connection, each carrying what queued meanwhile.
-                let (batcher, worker) = Batcher::pair(send, conns.len(), MAX_GROUPS_PER_CALL);
-                (Some(batcher), Some(worker))
+                let (batcher, worker) = batcher_of(&pool, &limiter, conns.len());
+                Batchers::One {
+                    batcher,
+                    worker: std::sync::Mutex::new(Some(worker)),
+                    started: AtomicBool::new(false),
+                }
             }
-            Connections::Cluster { .. } => (None, None),
+            Connections::Cluster { .. } => {
+                Batchers::PerSlot((0..SLOTS).map(|_| std::sync::OnceLock::new()).collect())
+            }
         };
         Ok(Self {
             pool,
             limiter,
-            batcher,
-            worker: std::sync::Mutex::new(worker),
-            worker_started: AtomicBool::new(false),
+            batchers,
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
@@ -504,6 +508,7 @@ impl RedisStore {
     /// (allowed, one verdict per index).
     async fn run_group(
         &self,
+        slot: u16,
         keys: &[Vec<u8>],
         checks: &[Check<'_>],
         indices: &[usize],
@@ -526,18 +531,7 @@ impl RedisStore {
             push_check(&mut group.args, kind, c, node_now_us);
         }
         let call = async {
-            let answer = match &self.batcher {
-                Some(batcher) => {
-                    self.start_batcher();
-                    batcher.call(group).await
-                }
-                None => self
-                    .pool
-                    .invoke(&self.limiter, std::slice::from_ref(&group))
-                    .await
-                    .map(|mut answers| answers.swap_remove(0))
-                    .map_err(|e| self.pool.failure(&e)),
-            };
+            let answer = self.batcher(slot).call(group).await;
             match answer {
                 Ok(Ok(reply)) => parse_reply(&reply, indices.len()),
                 // The group's own error (its neighbours in the call were answered).
@@ -555,18 +549,61 @@ impl RedisStore {
         }
     }
 
-    /// Spawns the batcher's worker on the first call's runtime (a store can be made outside
-    /// one).
-    fn start_batcher(&self) {
-        if self.worker_started.load(Ordering::Acquire) {
-            return;
-        }
-        self.worker_started.store(true, Ordering::Release);
-        let mut worker = self.worker.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(worker) = worker.take() {
-            tokio::spawn(worker);
+    /// The batcher for a group of `slot`, its worker running: spawned on the first call's
+    /// runtime (a store can be made outside one).
+    fn batcher(&self, slot: u16) -> &Batcher {
+        match &self.batchers {
+            Batchers::One {
+                batcher,
+                worker,
+                started,
+            } => {
+                if !started.load(Ordering::Acquire) {
+                    started.store(true, Ordering::Release);
+                    let mut worker = worker.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(worker) = worker.take() {
+                        tokio::spawn(worker);
+                    }
+                }
+                batcher
+            }
+            Batchers::PerSlot(slots) => slots[usize::from(slot) % SLOTS].get_or_init(|| {
+                let (batcher, worker) = batcher_of(&self.pool, &self.limiter, 1);
+                tokio::spawn(worker);
+                batcher
+            }),
         }
     }
+}
+
+/// Where requests' groups queue (see `batcher`).
+enum Batchers {
+    /// A standalone server (or Sentinel's master): one queue, a call in flight per connection.
+    One {
+        batcher: Batcher,
+        /// Until the first call spawns it.
+        worker: std::sync::Mutex<Option<Worker>>,
+        started: AtomicBool,
+    },
+    /// A cluster: a queue per slot, made on the slot's first call, with one call in flight. A
+    /// call's keys must share a slot (a cluster refuses others, `allow-cross-slot-keys` or not,
+    /// and keys a call does not declare are not safe while a slot moves), so the requests that
+    /// leave together are those on one slot — a hot key, a tenant's `hash_tag` — and a master
+    /// that stops answering holds up only its own slots' queues.
+    PerSlot(Box<[std::sync::OnceLock<Batcher>]>),
+}
+
+/// Slots in a Redis Cluster.
+const SLOTS: usize = 16_384;
+
+/// A batcher whose calls go through `pool`, `in_flight` at once.
+fn batcher_of(pool: &Arc<Pool>, limiter: &Arc<Limiter>, in_flight: usize) -> (Batcher, Worker) {
+    let (pool, limiter) = (pool.clone(), limiter.clone());
+    let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
+        let (pool, limiter) = (pool.clone(), limiter.clone());
+        Box::pin(async move { pool.invoke_all(&limiter, &groups).await })
+    });
+    Batcher::pair(send, in_flight, MAX_GROUPS_PER_CALL)
 }
 
 /// The most groups one call carries: a call of 64 fixed-window groups holds Redis ~0.2 ms.
@@ -687,11 +724,9 @@ impl Store for RedisStore {
                 None => groups.push((slot, vec![i])),
             }
         }
-        let results = futures_util::future::join_all(
-            groups
-                .iter()
-                .map(|(_, members)| self.run_group(&keys, checks, members, &now, node_now_us)),
-        )
+        let results = futures_util::future::join_all(groups.iter().map(|(slot, members)| {
+            self.run_group(*slot, &keys, checks, members, &now, node_now_us)
+        }))
         .await;
 
         let mut verdicts = vec![Verdict::default(); checks.len()];
@@ -740,7 +775,14 @@ impl Store for RedisStore {
                     .collect();
                 let all: Vec<usize> = (0..sent.len()).collect();
                 match self
-                    .run_group(&sent_keys, &sent, &all, &now, node_now_us)
+                    .run_group(
+                        slots[members[0]],
+                        &sent_keys,
+                        &sent,
+                        &all,
+                        &now,
+                        node_now_us,
+                    )
                     .await
                 {
                     Ok(reply) => {

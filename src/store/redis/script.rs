@@ -95,11 +95,14 @@ impl Limiter {
         groups: &[Group],
     ) -> RedisResult<Vec<GroupAnswer>> {
         let replies = self.call(conn, groups).await?;
-        if replies.len() != groups.len() {
+        self.answers(replies, groups.len())
+    }
+
+    fn answers(&self, replies: Vec<redis::Value>, groups: usize) -> RedisResult<Vec<GroupAnswer>> {
+        if replies.len() != groups {
             return Err(unexpected(format!(
-                "{} replies for {} groups",
-                replies.len(),
-                groups.len()
+                "{} replies for {groups} groups",
+                replies.len()
             )));
         }
         replies.into_iter().map(group_answer).collect()
