@@ -87,43 +87,57 @@ async fn run(
 ) {
     let mut out = FuturesUnordered::new();
     let mut open = true;
-    while open || !out.is_empty() {
-        tokio::select! {
-            // Answers first: a slot freed is what lets the queue leave.
-            biased;
-            Some(()) = out.next(), if !out.is_empty() => {}
-            first = pending.recv(), if open && out.len() < in_flight => {
-                let Some(first) = first else {
-                    open = false;
-                    continue;
-                };
-                let mut batch = Vec::with_capacity(8);
-                batch.push(first);
-                while batch.len() < max_groups {
-                    match pending.try_recv() {
-                        Ok(p) => batch.push(p),
-                        Err(_) => break,
+    // A group of another time than the batch before it (pinned clocks, in tests): it starts
+    // the next call, since a call's groups share one time (see `batch.lua`).
+    let mut held: Option<Pending> = None;
+    while open || !out.is_empty() || held.is_some() {
+        let first = if out.len() < in_flight && held.is_some() {
+            held.take()
+        } else {
+            tokio::select! {
+                // Answers first: a slot freed is what lets the queue leave.
+                biased;
+                Some(()) = out.next(), if !out.is_empty() => continue,
+                first = pending.recv(), if open && out.len() < in_flight => match first {
+                    Some(first) => Some(first),
+                    None => {
+                        open = false;
+                        continue;
                     }
+                },
+                else => continue,
+            }
+        };
+        let Some(first) = first else { continue };
+        let mut batch = Vec::with_capacity(8);
+        batch.push(first);
+        while batch.len() < max_groups {
+            match pending.try_recv() {
+                Ok(p) if p.group.now == batch[0].group.now => batch.push(p),
+                Ok(p) => {
+                    held = Some(p);
+                    break;
                 }
-                // Callers that gave up are not sent for.
-                batch.retain(|p| !p.answer.is_closed());
-                if batch.is_empty() {
-                    continue;
-                }
-                let (groups, answers): (Vec<Group>, Vec<_>) =
-                    batch.into_iter().map(|p| (p.group, p.answer)).unzip();
-                let call = send(groups);
-                out.push(async move {
-                    let mut outcomes = call.await.into_iter();
-                    for answer in answers {
-                        let outcome = outcomes.next().unwrap_or_else(|| {
-                            Err(CallFailure::Failed("no answer for this group".into()))
-                        });
-                        let _ = answer.send(outcome);
-                    }
-                });
+                Err(_) => break,
             }
         }
+        // Callers that gave up are not sent for.
+        batch.retain(|p| !p.answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let (groups, answers): (Vec<Group>, Vec<_>) =
+            batch.into_iter().map(|p| (p.group, p.answer)).unzip();
+        let call = send(groups);
+        out.push(async move {
+            let mut outcomes = call.await.into_iter();
+            for answer in answers {
+                let outcome = outcomes
+                    .next()
+                    .unwrap_or_else(|| Err(CallFailure::Failed("no answer for this group".into())));
+                let _ = answer.send(outcome);
+            }
+        });
     }
 }
 
@@ -163,7 +177,7 @@ mod tests {
                         Ok(if g.args[0] == 13 {
                             Err("unlucky".to_owned())
                         } else {
-                            Ok(vec![g.args[0] as i64])
+                            Ok((0, vec![g.args[0] as i64]))
                         })
                     })
                     .collect()
@@ -197,7 +211,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         release.add_permits(2);
-        assert_eq!(first.await.unwrap(), Ok(Ok(vec![1])));
+        assert_eq!(first.await.unwrap(), Ok(Ok((0, vec![1]))));
         let mut answers = Vec::new();
         for r in rest {
             answers.push(r.await.unwrap());
@@ -212,7 +226,7 @@ mod tests {
             let want = if n == 13 {
                 Ok(Err("unlucky".to_owned()))
             } else {
-                Ok(Ok(vec![n as i64]))
+                Ok(Ok((0, vec![n as i64])))
             };
             assert_eq!(a, want, "group {n}");
         }
@@ -246,7 +260,7 @@ mod tests {
         tokio::task::yield_now().await;
         tokio::spawn(worker);
         release.add_permits(1);
-        assert_eq!(kept.await.unwrap(), Ok(Ok(vec![8])));
+        assert_eq!(kept.await.unwrap(), Ok(Ok((0, vec![8]))));
         assert_eq!(*calls.lock().unwrap(), [vec![8]]);
         // Every handle gone: the worker ends; a handle whose worker is gone says so.
         drop(batcher);
@@ -254,6 +268,34 @@ mod tests {
         let (batcher, worker) = Batcher::pair(send, 1, 64);
         drop(worker);
         assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Stopped));
+    }
+
+    #[tokio::test]
+    async fn a_call_carries_groups_of_one_time() {
+        let (send, calls, release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 64);
+        let batcher = Arc::new(batcher);
+        let pinned = |n: u64, now: &str| Group {
+            now: now.to_owned(),
+            ..group(n)
+        };
+        let all: Vec<_> = [(1, "5"), (2, "5"), (3, "6"), (4, "6"), (5, "5")]
+            .into_iter()
+            .map(|(n, now)| {
+                let b = batcher.clone();
+                let g = pinned(n, now);
+                tokio::spawn(async move { b.call(g).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::spawn(worker);
+        release.add_permits(10);
+        for a in all {
+            assert!(a.await.unwrap().is_ok());
+        }
+        assert_eq!(*calls.lock().unwrap(), [vec![1, 2], vec![3, 4], vec![5]]);
     }
 
     #[tokio::test]

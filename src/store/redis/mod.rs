@@ -533,7 +533,7 @@ impl RedisStore {
         let call = async {
             let answer = self.batcher(slot).call(group).await;
             match answer {
-                Ok(Ok(reply)) => parse_reply(&reply, indices.len()),
+                Ok(Ok(reply)) => parse_reply(reply, checks, indices),
                 // The group's own error (its neighbours in the call were answered).
                 Ok(Err(text)) => Err(StoreError::unavailable(RedisFailure(text))),
                 Err(CallFailure::Timeout) => Err(StoreError::Timeout(self.timeout)),
@@ -663,15 +663,21 @@ struct GroupReply {
     verdicts: Vec<Verdict>,
 }
 
-fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
-    if reply.len() != 2 + 4 * checks {
+/// A group's answer as verdicts; the group was allowed when each of its enforced checks was.
+fn parse_reply(
+    (now_us, values): (i64, Vec<i64>),
+    checks: &[Check<'_>],
+    indices: &[usize],
+) -> Result<GroupReply, StoreError> {
+    if values.len() != 4 * indices.len() {
         return Err(StoreError::unavailable(RedisFailure(format!(
-            "unexpected script reply of {} values for {checks} checks",
-            reply.len()
+            "unexpected script reply of {} values for {} checks",
+            values.len(),
+            indices.len()
         ))));
     }
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
-    let verdicts = reply[2..]
+    let verdicts: Vec<Verdict> = values
         .chunks_exact(4)
         .map(|v| Verdict {
             allowed: v[0] == 1,
@@ -680,9 +686,13 @@ fn parse_reply(reply: &[i64], checks: usize) -> Result<GroupReply, StoreError> {
             retry_after_us: n(v[3]),
         })
         .collect();
+    let allowed = indices
+        .iter()
+        .zip(&verdicts)
+        .all(|(&i, v)| v.allowed || checks[i].kind != CheckKind::Enforce);
     Ok(GroupReply {
-        allowed: reply[0] == 1,
-        now_us: n(reply[1]),
+        allowed,
+        now_us: n(now_us),
         verdicts,
     })
 }

@@ -51,9 +51,10 @@ pub struct Group {
     pub args: Vec<u64>,
 }
 
-/// What one group answered: its reply's integers, or the text of the error it raised (its
+/// What one group answered: the time Redis decided at and per check its verdict's four
+/// integers (allowed, remaining, reset, retry), or the text of the error the group raised (its
 /// neighbours in the call are answered on their own).
-pub type GroupAnswer = Result<Vec<i64>, String>;
+pub type GroupAnswer = Result<(i64, Vec<i64>), String>;
 
 /// The limiter's code on a Redis server: as a Functions library, or as a script where the
 /// server has no Functions.
@@ -95,17 +96,7 @@ impl Limiter {
         groups: &[Group],
     ) -> RedisResult<Vec<GroupAnswer>> {
         let replies = self.call(conn, groups).await?;
-        self.answers(replies, groups.len())
-    }
-
-    fn answers(&self, replies: Vec<redis::Value>, groups: usize) -> RedisResult<Vec<GroupAnswer>> {
-        if replies.len() != groups {
-            return Err(unexpected(format!(
-                "{} replies for {groups} groups",
-                replies.len()
-            )));
-        }
-        replies.into_iter().map(group_answer).collect()
+        answers(replies, groups)
     }
 
     async fn call(
@@ -203,20 +194,52 @@ impl Limiter {
     }
 }
 
-/// One group's reply: an array of integers, or the text of its error.
-fn group_answer(reply: redis::Value) -> RedisResult<GroupAnswer> {
-    match reply {
-        redis::Value::Array(values) => Ok(Ok(values
-            .into_iter()
-            .map(|v| match v {
-                redis::Value::Int(n) => Ok(n),
-                other => Err(unexpected(format!("{other:?} in a group's reply"))),
-            })
-            .collect::<RedisResult<Vec<i64>>>()?)),
-        redis::Value::BulkString(text) => Ok(Err(String::from_utf8_lossy(&text).into_owned())),
-        redis::Value::SimpleString(text) => Ok(Err(text)),
-        other => Err(unexpected(format!("{other:?} as a group's reply"))),
+/// The call's flat reply (see `batch.lua`): its time, then each group's verdicts (4 integers
+/// per check) or the text of its error.
+fn answers(reply: Vec<redis::Value>, groups: &[Group]) -> RedisResult<Vec<GroupAnswer>> {
+    let mut values = reply.into_iter();
+    let now = match values.next() {
+        Some(redis::Value::Int(now)) => now,
+        other => return Err(unexpected(format!("{other:?} as the call's time"))),
+    };
+    let mut answers = Vec::with_capacity(groups.len());
+    for g in groups {
+        let first = values
+            .next()
+            .ok_or_else(|| unexpected(format!("no reply for a group of {}", g.keys.len())))?;
+        let first = match first {
+            redis::Value::BulkString(text) => {
+                answers.push(Err(String::from_utf8_lossy(&text).into_owned()));
+                continue;
+            }
+            redis::Value::SimpleString(text) => {
+                answers.push(Err(text));
+                continue;
+            }
+            v => v,
+        };
+        let mut verdicts = Vec::with_capacity(4 * g.keys.len());
+        for v in
+            std::iter::once(first).chain(values.by_ref().take((4 * g.keys.len()).saturating_sub(1)))
+        {
+            match v {
+                redis::Value::Int(n) => verdicts.push(n),
+                other => return Err(unexpected(format!("{other:?} in a group's verdicts"))),
+            }
+        }
+        if verdicts.len() != 4 * g.keys.len() {
+            return Err(unexpected(format!(
+                "{} values for a group of {} checks",
+                verdicts.len(),
+                g.keys.len()
+            )));
+        }
+        answers.push(Ok((now, verdicts)));
     }
+    if values.next().is_some() {
+        return Err(unexpected("more values than the groups' checks".into()));
+    }
+    Ok(answers)
 }
 
 fn unexpected(what: String) -> RedisError {
