@@ -99,9 +99,10 @@ pub struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
-    /// Multiplexed connections to a standalone Redis. Few is faster: each carries any number of
-    /// calls at once, and calls that share one leave in one write and come back in one read
-    /// (16 connections cost ~3 µs more of sluice's CPU per call than 2, BENCHMARKS.md).
+    /// Connections to a standalone Redis, each with one call of the limiter out at a time that
+    /// carries every request queued meanwhile (up to 64). Few is cheaper for Redis (fuller
+    /// calls); a distant Redis needs more: a node decides at most 64 × this ÷ the round trip
+    /// per second (128 000/s at 1 ms with 2). On a cluster: calls out at once per slot is 1.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2)]
     redis_pool_size: usize,
     /// The most one Redis call may take before the failure policy answers (Envoy's default
