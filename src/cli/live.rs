@@ -162,6 +162,11 @@ pub fn counters_table(document: &Value) -> String {
                 },
                 text(&l["unit"]).to_lowercase()
             );
+            // A calendar window is the zone's: "1000/month@Europe/Berlin".
+            let allows = match l["calendar"].as_str() {
+                Some(zone) => format!("{allows}@{zone}"),
+                None => allows,
+            };
             let over = if l["over_limit"] == true { " OVER" } else { "" };
             let _ = writeln!(
                 out,
@@ -209,4 +214,36 @@ pub fn top_table(document: &Value) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calendar_limit_shows_its_zone() {
+        let document = serde_json::json!({"descriptors": [{
+            "entries": [{"key": "user", "value": "ann"}],
+            "rule": "user",
+            "limits": [{
+                "name": "monthly", "algorithm": "fixed_window", "requests_per_unit": 1000,
+                "unit": "MONTH", "unit_multiplier": 1, "calendar": "Europe/Berlin",
+                "used": 3, "remaining": 997, "over_limit": false, "reset_seconds": 30.0,
+            }, {
+                "name": "hourly", "algorithm": "fixed_window", "requests_per_unit": 5,
+                "unit": "HOUR", "unit_multiplier": 1, "calendar": null,
+                "used": 1, "remaining": 4, "over_limit": false, "reset_seconds": 10.0,
+            }],
+        }]});
+        let table = counters_table(&document);
+        let row = |name: &str| -> Vec<String> {
+            let line = table
+                .lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap();
+            line.split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(row("monthly")[2], "1000/month@Europe/Berlin", "{table}");
+        assert_eq!(row("hourly")[2], "5/hour", "{table}");
+    }
 }
