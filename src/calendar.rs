@@ -12,8 +12,9 @@
 //!
 //! A limit holds its calendar as a [`CalendarRef`]: `Copy`, like the rest of a limit, because
 //! calendars are interned — one per (zone, unit) ever named, so at most a few thousand, kept for
-//! the process. Each remembers the last window it computed, so a decision inside it costs a
-//! comparison, not a time-zone lookup.
+//! the process. Each remembers the window it last computed, with its neighbours' bounds, so a
+//! decision inside it — and what a node sends Redis for it — costs a comparison, not a
+//! time-zone lookup.
 
 use std::sync::Mutex;
 
@@ -35,8 +36,6 @@ pub enum CalendarUnit {
 pub enum CalendarError {
     #[error("unknown time zone '{0}' (an IANA name such as Europe/Berlin, or UTC)")]
     UnknownZone(String),
-    #[error("calendar windows are day, week, month or year, not {0}")]
-    Unit(String),
     #[error("{0} is outside the calendar's range")]
     OutOfRange(u64),
 }
@@ -58,8 +57,8 @@ pub struct Calendar {
     name: String,
     zone: TimeZone,
     unit: CalendarUnit,
-    /// The last window computed: `[start, end)`.
-    last: Mutex<(u64, u64)>,
+    /// The last window computed and its neighbours, as [`CalendarRef::around`] gives them.
+    last: Mutex<[u64; 4]>,
 }
 
 impl Calendar {
@@ -70,7 +69,7 @@ impl Calendar {
             name: zone.to_owned(),
             zone: tz,
             unit,
-            last: Mutex::new((0, 0)),
+            last: Mutex::new([0; 4]),
         })
     }
 
@@ -88,27 +87,29 @@ impl Calendar {
         Ok(CalendarRef(calendar))
     }
 
-    pub fn zone_name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn unit(&self) -> CalendarUnit {
-        self.unit
-    }
-
     /// The window containing `now_us`: `[start, end)` in µs since the epoch.
     pub fn window_at(&self, now_us: u64) -> Result<(u64, u64), CalendarError> {
-        // Busy (another thread is computing): compute rather than wait.
-        if let Ok(last) = self.last.try_lock()
-            && (last.0..last.1).contains(&now_us)
+        let [_, start, end, _] = self.around(now_us)?;
+        Ok((start, end))
+    }
+
+    /// The window holding `now_us` and its neighbours, as four bounds: remembered while `now_us`
+    /// stays in it. Busy (another thread is computing): computed rather than waited for.
+    fn around(&self, now_us: u64) -> Result<[u64; 4], CalendarError> {
+        let last = self.last.try_lock();
+        if let Ok(last) = &last
+            && (last[1]..last[2]).contains(&now_us)
         {
-            return Ok(*last);
+            return Ok(**last);
         }
-        let window = self.compute(now_us)?;
-        if let Ok(mut last) = self.last.try_lock() {
-            *last = window;
+        let (start, end) = self.compute(now_us)?;
+        let (previous, _) = self.compute(start.saturating_sub(1))?;
+        let (_, next_end) = self.compute(end)?;
+        let bounds = [previous, start, end, next_end];
+        if let Ok(mut last) = last {
+            *last = bounds;
         }
-        Ok(window)
+        Ok(bounds)
     }
 
     fn compute(&self, now_us: u64) -> Result<(u64, u64), CalendarError> {
@@ -118,21 +119,17 @@ impl Calendar {
             .and_then(|us| Timestamp::from_microsecond(us).ok())
             .ok_or_else(out)?;
         let date = now.to_zoned(self.zone.clone()).date();
-        let first = match self.unit {
-            CalendarUnit::Day => date,
-            CalendarUnit::Week => date
-                .checked_sub(i64::from(date.weekday().to_monday_zero_offset()).days())
-                .map_err(|_| out())?,
-            CalendarUnit::Month => date.first_of_month(),
-            CalendarUnit::Year => date.first_of_year(),
+        let (first, length) = match self.unit {
+            CalendarUnit::Day => (Ok(date), 1.day()),
+            CalendarUnit::Week => (
+                date.checked_sub(i64::from(date.weekday().to_monday_zero_offset()).days()),
+                7.days(),
+            ),
+            CalendarUnit::Month => (Ok(date.first_of_month()), 1.month()),
+            CalendarUnit::Year => (Ok(date.first_of_year()), 1.year()),
         };
-        let next = match self.unit {
-            CalendarUnit::Day => first.checked_add(1.day()),
-            CalendarUnit::Week => first.checked_add(7.days()),
-            CalendarUnit::Month => first.checked_add(1.month()),
-            CalendarUnit::Year => first.checked_add(1.year()),
-        }
-        .map_err(|_| out())?;
+        let first = first.map_err(|_| out())?;
+        let next = first.checked_add(length).map_err(|_| out())?;
         Ok((
             self.start_of(first).ok_or_else(out)?,
             self.start_of(next).ok_or_else(out)?,
@@ -169,10 +166,7 @@ impl CalendarRef {
     /// The window before the one holding `now_us`, that one and the next, as their four
     /// boundaries: what a node sends Redis, which picks by its own clock (see `fixed_window.lua`).
     pub fn around(self, now_us: u64) -> Result<[u64; 4], CalendarError> {
-        let (start, end) = self.window_at(now_us)?;
-        let (previous, _) = self.0.compute(start.saturating_sub(1))?;
-        let (_, next_end) = self.0.compute(end)?;
-        Ok([previous, start, end, next_end])
+        self.0.around(now_us)
     }
 }
 

@@ -1,5 +1,6 @@
-//! A counter per window (epoch-aligned, or a calendar's: [`Limit::window_at`]): `count + hits <= requests` admits (with `overdraft`,
-//! `count < requests` admits and the count may pass the limit).
+//! A counter per window (epoch-aligned, or a calendar's: [`Limit::window_at`]):
+//! `count + hits <= requests` admits (with `overdraft`, `count < requests` admits and the count
+//! may pass the limit).
 
 use super::{Limit, State, Update, Verdict};
 
