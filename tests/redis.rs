@@ -1206,13 +1206,51 @@ descriptors:
     }
 }
 
-/// Polls `fut` once (it runs up to its first wait: a decision has then sent its groups).
-async fn poll_once<F: std::future::Future>(fut: &mut std::pin::Pin<Box<F>>) {
-    std::future::poll_fn(|cx| {
-        let _ = fut.as_mut().poll(cx);
-        std::task::Poll::Ready(())
+/// A decision not yet answered.
+type Pending<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Decision, EngineError>> + 'a>>;
+
+/// `n` decisions of `request`, each run up to its first wait: its groups sent, or queued behind
+/// a call in flight.
+async fn sent<'a>(
+    engine: &'a Engine<RedisStore>,
+    request: &'a Request,
+    n: usize,
+) -> Vec<Pending<'a>> {
+    let mut decisions: Vec<Pending<'a>> = (0..n)
+        .map(|_| Box::pin(engine.decide(request)) as Pending<'a>)
+        .collect();
+    for d in &mut decisions {
+        std::future::poll_fn(|cx| {
+            let _ = d.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+    decisions
+}
+
+/// How many of `decisions` were allowed, once answered.
+async fn allowed_of(decisions: Vec<Pending<'_>>) -> usize {
+    futures_util::future::join_all(decisions)
+        .await
+        .into_iter()
+        .filter(|d| d.as_ref().unwrap().code == Code::Ok)
+        .count()
+}
+
+/// A store whose calls wait on one another (one connection, one call out), with a timeout a
+/// paused Redis does not reach and the script's time pinned to `clock`.
+fn one_call_store(topology: Topology, clock: &Arc<ManualClock>) -> RedisStore {
+    RedisStore::new(&RedisOptions {
+        topology,
+        pool_size: 1,
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
+        key_prefix: "b:".into(),
     })
-    .await;
+    .unwrap()
+    .with_pinned_clock(clock.clone())
 }
 
 /// Issue 27 item 1: requests that queue while a call is in flight (Redis paused here) leave
@@ -1225,16 +1263,8 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
     let redis = RedisServer::start();
     let script_clock = Arc::new(ManualClock::new(1_800_000_000 * S));
     let node_clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = RedisStore::new(&RedisOptions {
-        topology: Topology::Standalone(redis.url()),
-        pool_size: 1,
-        timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-        key_prefix: "b:".into(),
-    })
-    .unwrap()
-    .with_pinned_clock(script_clock.clone())
-    .with_node_clock(node_clock.clone());
+    let store = one_call_store(Topology::Standalone(redis.url()), &script_clock)
+        .with_node_clock(node_clock.clone());
     let engine = Engine::new(
         load_texts([("b.yaml", RULES)]).unwrap(),
         store,
@@ -1251,42 +1281,29 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
 
     redis.pause();
     let (a, cal) = (req("a"), req("cal"));
-    let mut first = Box::pin(engine.decide(&a));
-    poll_once(&mut first).await;
+    let mut queued = sent(&engine, &a, 1).await;
     // Two months ahead: Redis's time is outside the windows this group carries.
     node_clock.advance(60 * 86_400 * S);
-    let mut off = Box::pin(engine.decide(&cal));
-    poll_once(&mut off).await;
+    let off = sent(&engine, &cal, 1).await;
     node_clock.set(1_800_000_000 * S);
-    let mut queued = Vec::new();
-    for _ in 0..6 {
-        queued.push(Box::pin(engine.decide(&a)));
-    }
-    for q in &mut queued {
-        poll_once(q).await;
-    }
-    let mut on_time = Box::pin(engine.decide(&cal));
-    poll_once(&mut on_time).await;
+    queued.extend(sent(&engine, &a, 6).await);
+    let on_time = sent(&engine, &cal, 1).await;
     redis.resume();
 
-    let mut admitted = 1;
-    for d in std::iter::once(first.await).chain(futures_util::future::join_all(queued).await) {
-        if d.unwrap().code == Code::Ok {
-            admitted += 1;
-        }
-    }
+    let admitted = 1 + allowed_of(queued).await;
     assert_eq!(
         admitted, 4,
         "exactly the limit, across the batched requests"
     );
-    let failed = off
+    let failed = futures_util::future::join_all(off)
         .await
+        .remove(0)
         .expect_err("a window two months off Redis's clock");
     assert!(
         failed.to_string().contains("outside the calendar windows"),
         "{failed}"
     );
-    assert_eq!(on_time.await.unwrap().code, Code::Ok, "its neighbour");
+    assert_eq!(allowed_of(on_time).await, 1, "its neighbour");
     let calls = fcalls() - before;
     assert!(
         (1..=2).contains(&calls),
@@ -1302,15 +1319,7 @@ async fn on_a_cluster_requests_queue_per_slot() {
     const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n";
     let cluster = RedisCluster::start_with(0, 15_000);
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = RedisStore::new(&RedisOptions {
-        topology: Topology::Cluster(cluster.urls()),
-        pool_size: 1,
-        timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-        key_prefix: "b:".into(),
-    })
-    .unwrap()
-    .with_pinned_clock(clock.clone());
+    let store = one_call_store(Topology::Cluster(cluster.urls()), &clock);
     let engine = Engine::new(
         load_texts([("b.yaml", RULES)]).unwrap(),
         store,
@@ -1354,15 +1363,8 @@ async fn on_a_cluster_requests_queue_per_slot() {
 
     cluster.nodes[hot_master].pause();
     let hot = req("hot");
-    let mut first = Box::pin(engine.decide(&hot));
-    poll_once(&mut first).await;
-    let mut queued = Vec::new();
-    for _ in 0..6 {
-        queued.push(Box::pin(engine.decide(&hot)));
-    }
-    for q in &mut queued {
-        poll_once(q).await;
-    }
+    let mut queued = sent(&engine, &hot, 1).await;
+    queued.extend(sent(&engine, &hot, 6).await);
     // Another master's slot does not wait on the paused one.
     let answered = tokio::time::timeout(Duration::from_secs(5), engine.decide(&req(&elsewhere)))
         .await
@@ -1371,12 +1373,7 @@ async fn on_a_cluster_requests_queue_per_slot() {
     assert_eq!(answered.code, Code::Ok);
     cluster.nodes[hot_master].resume();
 
-    let mut admitted = 1;
-    for d in std::iter::once(first.await).chain(futures_util::future::join_all(queued).await) {
-        if d.unwrap().code == Code::Ok {
-            admitted += 1;
-        }
-    }
+    let admitted = 1 + allowed_of(queued).await;
     assert_eq!(
         admitted, 4,
         "exactly the limit, across the batched requests"

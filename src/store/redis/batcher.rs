@@ -91,24 +91,27 @@ async fn run(
     // the next call, since a call's groups share one time (see `batch.lua`).
     let mut held: Option<Pending> = None;
     while open || !out.is_empty() || held.is_some() {
-        let first = if out.len() < in_flight && held.is_some() {
-            held.take()
-        } else {
-            tokio::select! {
-                // Answers first: a slot freed is what lets the queue leave.
-                biased;
-                Some(()) = out.next(), if !out.is_empty() => continue,
-                first = pending.recv(), if open && out.len() < in_flight => match first {
-                    Some(first) => Some(first),
-                    None => {
-                        open = false;
-                        continue;
+        let first = match held.take() {
+            Some(first) if out.len() < in_flight => first,
+            waiting => {
+                held = waiting;
+                tokio::select! {
+                    // Answers first: a slot freed is what lets the queue leave.
+                    biased;
+                    Some(()) = out.next(), if !out.is_empty() => continue,
+                    first = pending.recv(), if open && held.is_none() && out.len() < in_flight => {
+                        match first {
+                            Some(first) => first,
+                            None => {
+                                open = false;
+                                continue;
+                            }
+                        }
                     }
-                },
-                else => continue,
+                    else => continue,
+                }
             }
         };
-        let Some(first) = first else { continue };
         let mut batch = Vec::with_capacity(8);
         batch.push(first);
         while batch.len() < max_groups {
@@ -186,26 +189,48 @@ mod tests {
         (send, calls, release)
     }
 
+    fn spawn_call(batcher: &Arc<Batcher>, group: Group) -> tokio::task::JoinHandle<GroupOutcome> {
+        let batcher = batcher.clone();
+        tokio::spawn(async move { batcher.call(group).await })
+    }
+
+    /// Queues `groups` before the worker runs, then runs it and lets every call answer: each
+    /// group's outcome, in order.
+    async fn queued_then_run(
+        batcher: Batcher,
+        worker: Worker,
+        release: &tokio::sync::Semaphore,
+        groups: Vec<Group>,
+    ) -> Vec<GroupOutcome> {
+        let batcher = Arc::new(batcher);
+        let calls: Vec<_> = groups
+            .into_iter()
+            .map(|g| spawn_call(&batcher, g))
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::spawn(worker);
+        release.add_permits(calls.len());
+        let mut outcomes = Vec::new();
+        for c in calls {
+            outcomes.push(c.await.unwrap());
+        }
+        outcomes
+    }
+
     #[tokio::test]
     async fn a_lone_group_leaves_at_once_and_the_queue_leaves_together() {
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
         tokio::spawn(worker);
         let batcher = Arc::new(batcher);
-        let first = tokio::spawn({
-            let b = batcher.clone();
-            async move { b.call(group(1)).await }
-        });
+        let first = spawn_call(&batcher, group(1));
         // The first call is out (recorded) before any other group exists.
         while calls.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
         }
-        let rest: Vec<_> = (2..=14)
-            .map(|n| {
-                let b = batcher.clone();
-                tokio::spawn(async move { b.call(group(n)).await })
-            })
-            .collect();
+        let rest: Vec<_> = (2..=14).map(|n| spawn_call(&batcher, group(n))).collect();
         // Let them all queue behind the call in flight, then answer it.
         for _ in 0..100 {
             tokio::task::yield_now().await;
@@ -246,17 +271,11 @@ mod tests {
         let batcher = Arc::new(batcher);
         // Queued before the worker runs, so they leave in one call: all but the group whose
         // caller gave up.
-        let gone = {
-            let b = batcher.clone();
-            tokio::spawn(async move { b.call(group(7)).await })
-        };
+        let gone = spawn_call(&batcher, group(7));
         tokio::task::yield_now().await;
         gone.abort();
         let _ = gone.await;
-        let kept = {
-            let b = batcher.clone();
-            tokio::spawn(async move { b.call(group(8)).await })
-        };
+        let kept = spawn_call(&batcher, group(8));
         tokio::task::yield_now().await;
         tokio::spawn(worker);
         release.add_permits(1);
@@ -274,26 +293,12 @@ mod tests {
     async fn a_call_carries_groups_of_one_time() {
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
-        let batcher = Arc::new(batcher);
-        let pinned = |n: u64, now: &str| Group {
+        let groups = [(1, "5"), (2, "5"), (3, "6"), (4, "6"), (5, "5")].map(|(n, now)| Group {
             now: now.to_owned(),
             ..group(n)
-        };
-        let all: Vec<_> = [(1, "5"), (2, "5"), (3, "6"), (4, "6"), (5, "5")]
-            .into_iter()
-            .map(|(n, now)| {
-                let b = batcher.clone();
-                let g = pinned(n, now);
-                tokio::spawn(async move { b.call(g).await })
-            })
-            .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        tokio::spawn(worker);
-        release.add_permits(10);
-        for a in all {
-            assert!(a.await.unwrap().is_ok());
+        });
+        for outcome in queued_then_run(batcher, worker, &release, groups.to_vec()).await {
+            assert!(outcome.is_ok());
         }
         assert_eq!(*calls.lock().unwrap(), [vec![1, 2], vec![3, 4], vec![5]]);
     }
@@ -302,20 +307,10 @@ mod tests {
     async fn a_call_carries_at_most_max_groups() {
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 4);
-        let batcher = Arc::new(batcher);
-        let all: Vec<_> = (1..=10)
-            .map(|n| {
-                let b = batcher.clone();
-                tokio::spawn(async move { b.call(group(n)).await })
-            })
-            .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        tokio::spawn(worker);
-        release.add_permits(10);
-        for a in all {
-            assert!(a.await.unwrap().is_ok());
+        for outcome in
+            queued_then_run(batcher, worker, &release, (1..=10).map(group).collect()).await
+        {
+            assert!(outcome.is_ok());
         }
         let sizes: Vec<usize> = calls.lock().unwrap().iter().map(Vec::len).collect();
         assert_eq!(sizes, [4, 4, 2]);

@@ -253,9 +253,7 @@ impl Pool {
             }
         }
     }
-}
 
-impl Pool {
     /// One call carrying `groups`: each one's outcome.
     async fn invoke_all(
         self: &Arc<Self>,
@@ -362,7 +360,7 @@ pub struct RedisStore {
     pool: Arc<Pool>,
     limiter: Arc<Limiter>,
     /// Requests' groups leave together (see `batcher`).
-    batchers: Batchers,
+    queues: Queues,
     prefix: Vec<u8>,
     timeout: Duration,
     /// Tests only: a time for the script instead of Redis `TIME`.
@@ -437,24 +435,15 @@ impl RedisStore {
             connect_timeout: options.connect_timeout,
         });
         let limiter = Arc::new(Limiter::default());
-        let batchers = match &pool.conns {
+        let queues = match &pool.conns {
             // One call in flight per connection, each carrying what queued meanwhile.
-            Connections::Standalone { conns, .. } => {
-                let (batcher, worker) = batcher_of(&pool, &limiter, conns.len());
-                Batchers::One {
-                    batcher,
-                    worker: std::sync::Mutex::new(Some(worker)),
-                    started: AtomicBool::new(false),
-                }
-            }
-            Connections::Cluster { .. } => {
-                Batchers::PerSlot((0..SLOTS).map(|_| std::sync::OnceLock::new()).collect())
-            }
+            Connections::Standalone { conns, .. } => Queues::new(1, conns.len()),
+            Connections::Cluster { .. } => Queues::new(SLOTS, 1),
         };
         Ok(Self {
             pool,
             limiter,
-            batchers,
+            queues,
             prefix: options.key_prefix.as_bytes().to_vec(),
             timeout: options.timeout,
             pinned: None,
@@ -509,14 +498,14 @@ impl RedisStore {
     async fn run_group(
         &self,
         slot: u16,
-        keys: &[Vec<u8>],
+        keys: Vec<Vec<u8>>,
         checks: &[Check<'_>],
         indices: &[usize],
         now: &str,
         node_now_us: u64,
     ) -> Result<GroupReply, StoreError> {
         let mut group = Group {
-            keys: Vec::with_capacity(indices.len()),
+            keys,
             now: now.to_owned(),
             args: Vec::with_capacity(8 * indices.len()),
         };
@@ -527,13 +516,12 @@ impl RedisStore {
                 CheckKind::Shadow => 2,
                 CheckKind::Refund => 3,
             };
-            group.keys.push(keys[i].clone());
             push_check(&mut group.args, kind, c, node_now_us);
         }
         let call = async {
             let answer = self.batcher(slot).call(group).await;
             match answer {
-                Ok(Ok(reply)) => parse_reply(reply, checks, indices),
+                Ok(Ok(reply)) => Ok(group_reply(reply, checks, indices)),
                 // The group's own error (its neighbours in the call were answered).
                 Ok(Err(text)) => Err(StoreError::unavailable(RedisFailure(text))),
                 Err(CallFailure::Timeout) => Err(StoreError::Timeout(self.timeout)),
@@ -549,48 +537,36 @@ impl RedisStore {
         }
     }
 
-    /// The batcher for a group of `slot`, its worker running: spawned on the first call's
+    /// The queue of a group of `slot`, made on first use with its worker spawned on that call's
     /// runtime (a store can be made outside one).
     fn batcher(&self, slot: u16) -> &Batcher {
-        match &self.batchers {
-            Batchers::One {
-                batcher,
-                worker,
-                started,
-            } => {
-                if !started.load(Ordering::Acquire) {
-                    started.store(true, Ordering::Release);
-                    let mut worker = worker.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(worker) = worker.take() {
-                        tokio::spawn(worker);
-                    }
-                }
-                batcher
-            }
-            Batchers::PerSlot(slots) => slots[usize::from(slot) % SLOTS].get_or_init(|| {
-                let (batcher, worker) = batcher_of(&self.pool, &self.limiter, 1);
-                tokio::spawn(worker);
-                batcher
-            }),
-        }
+        let Queues { by_slot, in_flight } = &self.queues;
+        by_slot[usize::from(slot) % by_slot.len()].get_or_init(|| {
+            let (batcher, worker) = batcher_of(&self.pool, &self.limiter, *in_flight);
+            tokio::spawn(worker);
+            batcher
+        })
     }
 }
 
-/// Where requests' groups queue (see `batcher`).
-enum Batchers {
-    /// A standalone server (or Sentinel's master): one queue, a call in flight per connection.
-    One {
-        batcher: Batcher,
-        /// Until the first call spawns it.
-        worker: std::sync::Mutex<Option<Worker>>,
-        started: AtomicBool,
-    },
-    /// A cluster: a queue per slot, made on the slot's first call, with one call in flight. A
-    /// call's keys must share a slot (a cluster refuses others, `allow-cross-slot-keys` or not,
-    /// and keys a call does not declare are not safe while a slot moves), so the requests that
-    /// leave together are those on one slot — a hot key, a tenant's `hash_tag` — and a master
-    /// that stops answering holds up only its own slots' queues.
-    PerSlot(Box<[std::sync::OnceLock<Batcher>]>),
+/// Where requests' groups queue (see `batcher`). A standalone server (or Sentinel's master):
+/// one queue, a call in flight per connection. A cluster: a queue per slot with one call in
+/// flight. A call's keys must share a slot (a cluster refuses others, `allow-cross-slot-keys`
+/// or not, and keys a call does not declare are not safe while a slot moves), so the requests
+/// that leave together are those on one slot — a hot key, a tenant's `hash_tag` — and a master
+/// that stops answering holds up only its own slots' queues.
+struct Queues {
+    by_slot: Box<[std::sync::OnceLock<Batcher>]>,
+    in_flight: usize,
+}
+
+impl Queues {
+    fn new(queues: usize, in_flight: usize) -> Self {
+        Self {
+            by_slot: (0..queues).map(|_| std::sync::OnceLock::new()).collect(),
+            in_flight,
+        }
+    }
 }
 
 /// Slots in a Redis Cluster.
@@ -663,19 +639,13 @@ struct GroupReply {
     verdicts: Vec<Verdict>,
 }
 
-/// A group's answer as verdicts; the group was allowed when each of its enforced checks was.
-fn parse_reply(
+/// A group's answer (4 integers per check, counted by `script::answers`) as verdicts; the group
+/// was allowed when each of its enforced checks was.
+fn group_reply(
     (now_us, values): (i64, Vec<i64>),
     checks: &[Check<'_>],
     indices: &[usize],
-) -> Result<GroupReply, StoreError> {
-    if values.len() != 4 * indices.len() {
-        return Err(StoreError::unavailable(RedisFailure(format!(
-            "unexpected script reply of {} values for {} checks",
-            values.len(),
-            indices.len()
-        ))));
-    }
+) -> GroupReply {
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
     let verdicts: Vec<Verdict> = values
         .chunks_exact(4)
@@ -690,11 +660,11 @@ fn parse_reply(
         .iter()
         .zip(&verdicts)
         .all(|(&i, v)| v.allowed || checks[i].kind != CheckKind::Enforce);
-    Ok(GroupReply {
+    GroupReply {
         allowed,
         now_us: n(now_us),
         verdicts,
-    })
+    }
 }
 
 /// Whether a connection to Redis has succeeded since the start, for the upkeep's report.
@@ -720,23 +690,31 @@ impl Store for RedisStore {
         } else {
             0
         };
-        let (keys, slots): (Vec<Vec<u8>>, Vec<u16>) =
-            checks.iter().map(|c| self.redis_key(c)).unzip();
-        // Standalone: one script for everything. Cluster: one per slot.
+        // Standalone: one group for everything. Cluster: one per slot. Each with its keys.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, &slot) in slots.iter().enumerate() {
+        let mut group_keys: Vec<Vec<Vec<u8>>> = Vec::new();
+        for (i, check) in checks.iter().enumerate() {
+            let (key, slot) = self.redis_key(check);
             let slot = match self.pool.conns {
                 Connections::Standalone { .. } => 0,
                 Connections::Cluster { .. } => slot,
             };
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((slot, vec![i])),
+            match groups.iter().position(|(s, _)| *s == slot) {
+                Some(g) => {
+                    groups[g].1.push(i);
+                    group_keys[g].push(key);
+                }
+                None => {
+                    groups.push((slot, vec![i]));
+                    group_keys.push(vec![key]);
+                }
             }
         }
-        let results = futures_util::future::join_all(groups.iter().map(|(slot, members)| {
-            self.run_group(*slot, &keys, checks, members, &now, node_now_us)
-        }))
+        let results = futures_util::future::join_all(groups.iter().zip(group_keys).map(
+            |((slot, members), keys)| {
+                self.run_group(*slot, keys, checks, members, &now, node_now_us)
+            },
+        ))
         .await;
 
         let mut verdicts = vec![Verdict::default(); checks.len()];
@@ -744,12 +722,12 @@ impl Store for RedisStore {
         let mut allowed = true;
         let mut failure = None;
         let mut consumed_groups = Vec::new();
-        for ((_, members), result) in groups.iter().zip(results) {
+        for ((slot, members), result) in groups.iter().zip(results) {
             match result {
                 Ok(reply) => {
                     allowed &= reply.allowed;
                     if reply.allowed {
-                        consumed_groups.push(members);
+                        consumed_groups.push((*slot, members));
                     }
                     for (&i, v) in members.iter().zip(reply.verdicts) {
                         verdicts[i] = v;
@@ -762,7 +740,7 @@ impl Store for RedisStore {
         if failure.is_some() || !allowed {
             // Give back what the allowed groups consumed, then look again at the group's own
             // refunds (a zero refund reports the state), so they report the final state.
-            for members in consumed_groups {
+            for (slot, members) in consumed_groups {
                 let rollback = Rollback::of(checks, &verdicts, members.iter().copied());
                 if rollback.is_empty() {
                     continue;
@@ -777,22 +755,10 @@ impl Store for RedisStore {
                     .refunds(checks)
                     .chain(refunds.iter().map(|&i| checks[i].again()))
                     .collect();
-                let sent_keys: Vec<Vec<u8>> = rollback
-                    .indices()
-                    .iter()
-                    .chain(&refunds)
-                    .map(|&i| keys[i].clone())
-                    .collect();
+                let sent_keys: Vec<Vec<u8>> = sent.iter().map(|c| self.redis_key(c).0).collect();
                 let all: Vec<usize> = (0..sent.len()).collect();
                 match self
-                    .run_group(
-                        slots[members[0]],
-                        &sent_keys,
-                        &sent,
-                        &all,
-                        &now,
-                        node_now_us,
-                    )
+                    .run_group(slot, sent_keys, &sent, &all, &now, node_now_us)
                     .await
                 {
                     Ok(reply) => {

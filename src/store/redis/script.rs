@@ -175,7 +175,8 @@ impl Limiter {
     }
 
     /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments: every group's keys,
-    /// the number of groups, and each group's header (checks, arguments, time) and arguments.
+    /// the number of groups, the call's time (its groups share one: see `batcher`), and each
+    /// group's header (checks, arguments) and arguments.
     fn command(&self, verb: &str, name: &str, groups: &[Group]) -> redis::Cmd {
         let mut cmd = redis::cmd(verb);
         let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
@@ -183,9 +184,14 @@ impl Limiter {
         for key in groups.iter().flat_map(|g| &g.keys) {
             cmd.arg(key.as_slice());
         }
-        cmd.arg(groups.len());
+        let now = groups.first().map_or("", |g| g.now.as_str());
+        debug_assert!(
+            groups.iter().all(|g| g.now == now),
+            "a call's groups share a time"
+        );
+        cmd.arg(groups.len()).arg(now);
         for g in groups {
-            cmd.arg(g.keys.len()).arg(g.args.len()).arg(g.now.as_str());
+            cmd.arg(g.keys.len()).arg(g.args.len());
             for n in &g.args {
                 cmd.arg(*n);
             }
@@ -204,30 +210,28 @@ fn answers(reply: Vec<redis::Value>, groups: &[Group]) -> RedisResult<Vec<GroupA
     };
     let mut answers = Vec::with_capacity(groups.len());
     for g in groups {
-        let first = values
-            .next()
-            .ok_or_else(|| unexpected(format!("no reply for a group of {}", g.keys.len())))?;
-        let first = match first {
-            redis::Value::BulkString(text) => {
-                answers.push(Err(String::from_utf8_lossy(&text).into_owned()));
-                continue;
+        let error = match values.as_slice().first() {
+            Some(redis::Value::BulkString(text)) => {
+                Some(String::from_utf8_lossy(text).into_owned())
             }
-            redis::Value::SimpleString(text) => {
-                answers.push(Err(text));
-                continue;
-            }
-            v => v,
+            Some(redis::Value::SimpleString(text)) => Some(text.clone()),
+            _ => None,
         };
-        let mut verdicts = Vec::with_capacity(4 * g.keys.len());
-        for v in
-            std::iter::once(first).chain(values.by_ref().take((4 * g.keys.len()).saturating_sub(1)))
-        {
-            match v {
-                redis::Value::Int(n) => verdicts.push(n),
-                other => return Err(unexpected(format!("{other:?} in a group's verdicts"))),
-            }
+        if let Some(error) = error {
+            values.next();
+            answers.push(Err(error));
+            continue;
         }
-        if verdicts.len() != 4 * g.keys.len() {
+        let checks = 4 * g.keys.len();
+        let verdicts = values
+            .by_ref()
+            .take(checks)
+            .map(|v| match v {
+                redis::Value::Int(n) => Ok(n),
+                other => Err(unexpected(format!("{other:?} in a group's verdicts"))),
+            })
+            .collect::<RedisResult<Vec<i64>>>()?;
+        if verdicts.len() != checks {
             return Err(unexpected(format!(
                 "{} values for a group of {} checks",
                 verdicts.len(),

@@ -1,9 +1,9 @@
 -- sluice: decides groups of checks, each group one request's checks in one slot, all or nothing.
 --
--- batches(keys, argv): argv[1] is the number of groups. Each group then has a header of three:
--- how many checks (keys) it has, how many arguments follow its header, and '' (time from
--- Redis TIME) or a pinned time in microseconds (tests only; TTLs are then padded, see
--- prelude.lua). Then per check: a head, hits, requests, period_us, and as many of burst,
+-- batches(keys, argv): argv[1] is the number of groups, argv[2] '' (time from Redis TIME) or a
+-- pinned time in microseconds (tests only; TTLs are then padded, see prelude.lua): the groups of
+-- a call share one time. Each group then has a header of two: how many checks (keys) it has and
+-- how many arguments follow its header. Then per check: a head, hits, requests, period_us, and as many of burst,
 -- tick_us, cap, until as the head says. The head is algorithm + 8 * kind + 32 * extra: algorithm 1
 -- fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets; kind 1 enforce, 2 shadow, 3
 -- refund; extra 0..4, how many of the optional fields follow (the caller leaves off trailing
@@ -14,8 +14,7 @@
 -- to pass and convert, and a fixed window check needs none of the four: 4 arguments, not 9.
 -- The keys are the groups' keys in order, a key per check.
 --
--- Reply: one flat array — the time decided at (microseconds; a call's groups share it, the
--- caller sends together only groups of one time), then per group either per check allowed,
+-- Reply: one flat array — the time decided at (microseconds), then per group either per check allowed,
 -- remaining, reset_after_us, retry_after_us, or, where the group raised an error, one string, the
 -- error's text: a group's error is its own, never its neighbours'. (Whether a group was allowed
 -- is whether each of its enforced checks was: the caller knows which those are. Every value
@@ -184,28 +183,23 @@ local function error_text(e)
 end
 
 local function batches(keys, argv)
-  local groups = tonumber(argv[1])
-  local replies = { 0 }
-  local b, k = 2, 0
-  local time = nil
-  for j = 1, groups do
-    local n, args, t = tonumber(argv[b]), tonumber(argv[b + 1]), argv[b + 2]
-    local now
-    if t ~= '' then
-      now = tonumber(t)
-      ttl_pad_ms = 3600000
-    else
-      if time == nil then
-        local r = redis.call('TIME')
-        time = tonumber(r[1]) * 1000000 + tonumber(r[2])
-      end
-      now = time
-      ttl_pad_ms = 0
-    end
+  local now
+  if argv[2] ~= '' then
+    now = tonumber(argv[2])
+    ttl_pad_ms = 3600000
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    ttl_pad_ms = 0
+  end
+  local replies = { now }
+  local b, k = 3, 0
+  for _ = 1, tonumber(argv[1]) do
+    local n, args = tonumber(argv[b]), tonumber(argv[b + 1])
     -- Alone, a check's verdict comes back as four values, not a table (a table per call
     -- cost Redis ~0.3 µs).
     local m = #replies
-    local ok, a, r, reset, retry = pcall(group, now, keys, k, n, argv, b + 3)
+    local ok, a, r, reset, retry = pcall(group, now, keys, k, n, argv, b + 2)
     if not ok then
       replies[m + 1] = error_text(a)
     elseif n == 1 then
@@ -213,8 +207,7 @@ local function batches(keys, argv)
     else
       for i = 1, 4 * n do replies[m + i] = a[i] end
     end
-    replies[1] = now
-    b, k = b + 3 + args, k + n
+    b, k = b + 2 + args, k + n
   end
   return replies
 end
