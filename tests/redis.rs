@@ -1311,6 +1311,55 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
     );
 }
 
+/// A call's numbers travel packed (one argument in, one string out; batch.lua), unpacked a
+/// thousand at a time: a request of 300 checks (1 202 numbers in, 1 201 out) is decided and
+/// answered check by check like one of a few, and a second sees the first's hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_a_thousand_numbers_is_answered_check_by_check() {
+    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n";
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let mut settings = EngineSettings::default();
+    settings.bounds.max_descriptors = 300;
+    let engine = Engine::new(
+        load_texts([("b.yaml", RULES)]).unwrap(),
+        one_call_store(Topology::Standalone(redis.url()), &clock),
+        settings,
+    );
+    let values: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+    let request = Request {
+        domain: "b".into(),
+        descriptors: values
+            .iter()
+            .enumerate()
+            // The last check takes 3 hits: its verdict is told apart from its neighbours'.
+            .map(|(i, v)| descriptor(&[("a", v)], if i == 299 { 3 } else { 1 }, false))
+            .collect(),
+    };
+    for left in [3, 2] {
+        let d = engine.decide(&request).await.unwrap();
+        if left == 2 {
+            assert_eq!(d.code, Code::OverLimit, "the last check has 1 left, not 3");
+            assert_eq!(d.statuses[299].remaining, 1);
+            break;
+        }
+        assert_eq!(d.code, Code::Ok);
+        assert_eq!(d.statuses.len(), 300);
+        assert!(d.statuses[..299].iter().all(|s| s.remaining == left));
+        assert_eq!(d.statuses[299].remaining, 1);
+    }
+    let without_last = Request {
+        domain: "b".into(),
+        descriptors: request.descriptors[..299].to_vec(),
+    };
+    let d = engine.decide(&without_last).await.unwrap();
+    assert!(
+        d.statuses.iter().all(|s| s.remaining == 2),
+        "the denied request consumed nothing: {:?}",
+        d.statuses.iter().map(|s| s.remaining).collect::<Vec<_>>()
+    );
+}
+
 /// On a Redis Cluster a call's keys share a slot, so requests queue per slot: those on one slot
 /// (a hot key) leave together while its call is out, and a master that stops answering holds up
 /// only its own slots — a request on another master's slot is answered meanwhile.

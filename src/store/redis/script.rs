@@ -103,7 +103,7 @@ impl Limiter {
         &self,
         conn: &mut (impl ConnectionLike + Send),
         call: &[Group],
-    ) -> RedisResult<Vec<redis::Value>> {
+    ) -> RedisResult<redis::Value> {
         if !self.scripts_only.load(Ordering::Relaxed) {
             let fcall = self.command("FCALL", &self.name, call);
             match fcall.query_async(conn).await {
@@ -140,7 +140,7 @@ impl Limiter {
         &self,
         conn: &mut (impl ConnectionLike + Send),
         fcall: &redis::Cmd,
-    ) -> Result<RedisResult<Vec<redis::Value>>, RedisError> {
+    ) -> Result<RedisResult<redis::Value>, RedisError> {
         let _loading = self.loading.lock().await;
         match fcall.query_async(conn).await {
             Err(e) if is_missing_function(&e) => {}
@@ -175,8 +175,8 @@ impl Limiter {
     }
 
     /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments: every group's keys,
-    /// the number of groups, the call's time (its groups share one: see `batcher`), and each
-    /// group's header (checks, arguments) and arguments.
+    /// the number of groups, the call's time (its groups share one: see `batcher`), and every
+    /// group's header (checks, numbers) and numbers, packed into one argument.
     fn command(&self, verb: &str, name: &str, groups: &[Group]) -> redis::Cmd {
         let mut cmd = redis::cmd(verb);
         let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
@@ -189,20 +189,43 @@ impl Limiter {
             groups.iter().all(|g| g.now == now),
             "a call's groups share a time"
         );
-        cmd.arg(groups.len()).arg(now);
+        let numbers: usize = groups.iter().map(|g| 2 + g.args.len()).sum();
+        let mut packed = Vec::with_capacity(8 * numbers);
         for g in groups {
-            cmd.arg(g.keys.len()).arg(g.args.len());
-            for n in &g.args {
-                cmd.arg(*n);
+            for n in [g.keys.len() as u64, g.args.len() as u64]
+                .iter()
+                .chain(&g.args)
+            {
+                packed.extend_from_slice(&pack(*n));
             }
         }
+        cmd.arg(groups.len()).arg(now).arg(packed);
         cmd
     }
 }
 
+/// A number as `batch.lua` unpacks it: a little-endian double. Every number the limiter
+/// sends is an integer below 2^53 (see `limiter`), which a double holds exactly; one past it
+/// (a request's hits from the wire) rounds as Lua's `tonumber` of its digits would.
+fn pack(n: u64) -> [u8; 8] {
+    (n as f64).to_le_bytes()
+}
+
+/// A packed number of the reply: an integer in i64's range, or None.
+fn unpack(bytes: &[u8]) -> Option<i64> {
+    let v = f64::from_le_bytes(bytes.try_into().ok()?);
+    // 2^63 is the first double past i64's range.
+    (v.fract() == 0.0 && v >= -(2f64.powi(63)) && v < 2f64.powi(63)).then_some(v as i64)
+}
+
 /// The call's flat reply (see `batch.lua`): its time, then each group's verdicts (4 integers
 /// per check) or the text of its error.
-fn answers(reply: Vec<redis::Value>, groups: &[Group]) -> RedisResult<Vec<GroupAnswer>> {
+fn answers(reply: redis::Value, groups: &[Group]) -> RedisResult<Vec<GroupAnswer>> {
+    let reply = match reply {
+        redis::Value::BulkString(packed) => return packed_answers(&packed, groups),
+        redis::Value::Array(values) => values,
+        other => return Err(unexpected(format!("{other:?} as the limiter's reply"))),
+    };
     let mut values = reply.into_iter();
     let now = match values.next() {
         Some(redis::Value::Int(now)) => now,
@@ -244,6 +267,34 @@ fn answers(reply: Vec<redis::Value>, groups: &[Group]) -> RedisResult<Vec<GroupA
         return Err(unexpected("more values than the groups' checks".into()));
     }
     Ok(answers)
+}
+
+/// The reply where no group raised an error: the same numbers, packed (see `pack`).
+fn packed_answers(packed: &[u8], groups: &[Group]) -> RedisResult<Vec<GroupAnswer>> {
+    let checks: usize = groups.iter().map(|g| g.keys.len()).sum();
+    if packed.len() != 8 * (1 + 4 * checks) {
+        return Err(unexpected(format!(
+            "{} bytes for {} checks",
+            packed.len(),
+            checks
+        )));
+    }
+    let mut numbers = packed.chunks_exact(8).map(unpack);
+    let now = numbers
+        .next()
+        .flatten()
+        .ok_or_else(|| unexpected("a time that is not an integer".into()))?;
+    groups
+        .iter()
+        .map(|g| {
+            let verdicts = numbers
+                .by_ref()
+                .take(4 * g.keys.len())
+                .collect::<Option<Vec<i64>>>()
+                .ok_or_else(|| unexpected("a verdict that is not an integer".into()))?;
+            Ok(Ok((now, verdicts)))
+        })
+        .collect()
 }
 
 fn unexpected(what: String) -> RedisError {

@@ -2,25 +2,32 @@
 --
 -- batches(keys, argv): argv[1] is the number of groups, argv[2] '' (time from Redis TIME) or a
 -- pinned time in microseconds (tests only; TTLs are then padded, see prelude.lua): the groups of
--- a call share one time. Each group then has a header of two: how many checks (keys) it has and
--- how many arguments follow its header. Then per check: a head, hits, requests, period_us, and as many of burst,
--- tick_us, cap, until as the head says. The head is algorithm + 8 * kind + 32 * extra: algorithm 1
--- fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the buckets; kind 1 enforce, 2 shadow, 3
--- refund; extra 0..4, how many of the optional fields follow (the caller leaves off trailing
--- zeros), + 256 for a calendar limit: after the optional fields, the four boundaries of its
--- windows around the node's clock (see window_of), which take the place of the period. cap:
--- an overdraft limit's most recorded usage (0: not an overdraft limit, see Limit); until:
--- refunds only, applied only while now < until (0: always). Each argument costs Redis ~0.2 µs
--- to pass and convert, and a fixed window check needs none of the four: 4 arguments, not 9.
+-- a call share one time. argv[3] holds every other number, packed: 8 bytes each, little-endian
+-- doubles (integers below 2^53, exact). Each group has a header of two: how many checks (keys)
+-- it has and how many numbers follow its header. Then per check: a head, hits, requests,
+-- period_us, and as many of burst, tick_us, cap, until as the head says. The head is algorithm
+-- + 8 * kind + 32 * extra: algorithm 1 fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the
+-- buckets; kind 1 enforce, 2 shadow, 3 refund; extra 0..4, how many of the optional fields
+-- follow (the caller leaves off trailing zeros), + 256 for a calendar limit: after the optional
+-- fields, the four boundaries of its windows around the node's clock (see window_of), which
+-- take the place of the period. cap: an overdraft limit's most recorded usage (0: not an
+-- overdraft limit, see Limit); until: refunds only, applied only while now < until (0: always).
 -- The keys are the groups' keys in order, a key per check.
 --
--- Reply: one flat array — the time decided at (microseconds), then per group either per check allowed,
+-- Why packed: each argument of a call costs Redis a string object, a Lua string (hashed and
+-- interned) and a `tonumber`; ~0.1 µs each, and a fixed-window group is six numbers. One
+-- string and one `struct.unpack` per call carry them all.
+--
+-- Reply: the time decided at (microseconds), then per group either per check allowed,
 -- remaining, reset_after_us, retry_after_us, or, where the group raised an error, one string, the
--- error's text: a group's error is its own, never its neighbours'. (Whether a group was allowed
--- is whether each of its enforced checks was: the caller knows which those are. Every value
--- through the reply costs Redis ~0.15 µs, and a table per group more.) Keys are unique among a
--- group's non-refund checks (the caller merges repeats); groups are independent requests, so
--- one group's writes are seen by the groups after it, as if they had been called one by one.
+-- error's text: a group's error is its own, never its neighbours'. Where no group raised one
+-- (always, but for a broken key or clock), the numbers come back packed as the arguments came,
+-- one string: a reply of integers costs Redis ~0.15 µs a value to write, and the node as
+-- much to read. Otherwise they come back as one flat array of integers and strings. (Whether a
+-- group was allowed is whether each of its enforced checks was: the caller knows which those
+-- are.) Keys are unique among a group's non-refund checks (the caller merges repeats); groups
+-- are independent requests, so one group's writes are seen by the groups after it, as if they
+-- had been called one by one.
 --
 -- Why groups: the calls a node has queued while its earlier ones were in flight leave in one
 -- FCALL (store::redis::batcher), so Redis's cost of a call (reading and parsing the command,
@@ -73,32 +80,31 @@ local function refund(now, key, alg, hits, requests, period, burst, tick, cap, r
   return a, r, reset, retry
 end
 
--- The check whose arguments start at argv[b]: its algorithm, kind, hits, limit (requests,
--- period, burst, tick, cap), until, and where the next check's arguments start.
-local function check_at(argv, b)
-  local head = tonumber(argv[b])
+-- The check whose numbers start at nums[b]: its algorithm, kind, hits, limit (requests,
+-- period, burst, tick, cap), until, and where the next check's numbers start.
+local function check_at(nums, b)
+  local head = nums[b]
   local extra = math.floor(head / 32) % 8
   local alg, kind = head % 8, math.floor(head / 8) % 4
-  local hits, requests, period = tonumber(argv[b + 1]), tonumber(argv[b + 2]), tonumber(argv[b + 3])
+  local hits, requests, period = nums[b + 1], nums[b + 2], nums[b + 3]
   local burst, tick, cap, refund_until = 0, 0, 0, 0
-  if extra > 0 then burst = tonumber(argv[b + 4]) end
-  if extra > 1 then tick = tonumber(argv[b + 5]) end
-  if extra > 2 then cap = tonumber(argv[b + 6]) end
-  if extra > 3 then refund_until = tonumber(argv[b + 7]) end
+  if extra > 0 then burst = nums[b + 4] end
+  if extra > 1 then tick = nums[b + 5] end
+  if extra > 2 then cap = nums[b + 6] end
+  if extra > 3 then refund_until = nums[b + 7] end
   local next_b = b + 4 + extra
   if head >= 256 then
-    period = { tonumber(argv[next_b]), tonumber(argv[next_b + 1]), tonumber(argv[next_b + 2]),
-      tonumber(argv[next_b + 3]) }
+    period = { nums[next_b], nums[next_b + 1], nums[next_b + 2], nums[next_b + 3] }
     next_b = next_b + 4
   end
   return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
--- One group: `n` checks on keys[k + 1 .. k + n], their arguments from argv[b].
-local function group(now, keys, k, n, argv, b)
+-- One group: `n` checks on keys[k + 1 .. k + n], their numbers from nums[b].
+local function group(now, keys, k, n, nums, b)
   if n == 1 then
     -- Alone, a check that would write decides the batch (or is a charge): it writes at once.
-    local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(argv, b)
+    local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(nums, b)
     local key = keys[k + 1]
     if kind == REFUND then
       local a, r, reset, retry =
@@ -129,7 +135,7 @@ local function group(now, keys, k, n, argv, b)
   local allowed = 1
   for i = 1, n do
     local at = b
-    local alg, kind, hits, requests, period, burst, tick, cap, _, next_b = check_at(argv, b)
+    local alg, kind, hits, requests, period, burst, tick, cap, _, next_b = check_at(nums, b)
     b = next_b
     if kind == REFUND then
       refunds[#refunds + 1] = i
@@ -153,7 +159,7 @@ local function group(now, keys, k, n, argv, b)
 
   for p = 1, #pending, 7 do
     local i = pending[p]
-    local alg, _, hits, requests, period, burst, tick, cap = check_at(argv, pending[p + 1])
+    local alg, _, hits, requests, period, burst, tick, cap = check_at(nums, pending[p + 1])
     if allowed == 1 or pending[p + 2] == 1 then
       commit_of[alg](keys[k + i], now, requests, period, burst, tick, cap,
         pending[p + 3], pending[p + 4], pending[p + 5], pending[p + 6])
@@ -168,7 +174,7 @@ local function group(now, keys, k, n, argv, b)
   for p = 1, #refunds, 2 do
     local i = refunds[p]
     local alg, _, hits, requests, period, burst, tick, cap, refund_until =
-      check_at(argv, refunds[p + 1])
+      check_at(nums, refunds[p + 1])
     local o = (i - 1) * 4
     reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] =
       refund(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, refund_until)
@@ -182,6 +188,47 @@ local function error_text(e)
   return tostring(e)
 end
 
+-- `count` doubles, little-endian: struct's format, made once per count.
+local formats = {}
+local function format_of(count)
+  local f = formats[count]
+  if not f then
+    f = '<' .. string.rep('d', count)
+    formats[count] = f
+  end
+  return f
+end
+
+-- The most values one struct call takes or gives: Lua's C stack holds 8 000.
+local CHUNK = 1000
+
+-- The packed numbers (argv[3]) as a table.
+local function numbers_of(packed)
+  local count = #packed / 8
+  if count ~= math.floor(count) then error('sluice: packed numbers of ' .. #packed .. ' bytes') end
+  if count <= CHUNK then return { struct.unpack(format_of(count), packed) } end
+  local nums, at = {}, 1
+  for from = 0, count - 1, CHUNK do
+    local take = min(CHUNK, count - from)
+    local part = { struct.unpack(format_of(take), packed, at) }
+    for i = 1, take do nums[from + i] = part[i] end
+    at = part[take + 1]
+  end
+  return nums
+end
+
+-- The reply's numbers, packed as the arguments are.
+local function packed_of(values)
+  local count = #values
+  if count <= CHUNK then return struct.pack(format_of(count), unpack(values)) end
+  local parts = {}
+  for from = 1, count, CHUNK do
+    local to = min(from + CHUNK - 1, count)
+    parts[#parts + 1] = struct.pack(format_of(to - from + 1), unpack(values, from, to))
+  end
+  return table.concat(parts)
+end
+
 local function batches(keys, argv)
   local now
   if argv[2] ~= '' then
@@ -192,22 +239,26 @@ local function batches(keys, argv)
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     ttl_pad_ms = 0
   end
+  local nums = numbers_of(argv[3])
   local replies = { now }
-  local b, k = 3, 0
+  local failed = false
+  local b, k = 1, 0
   for _ = 1, tonumber(argv[1]) do
-    local n, args = tonumber(argv[b]), tonumber(argv[b + 1])
+    local n, count = nums[b], nums[b + 1]
     -- Alone, a check's verdict comes back as four values, not a table (a table per call
     -- cost Redis ~0.3 µs).
     local m = #replies
-    local ok, a, r, reset, retry = pcall(group, now, keys, k, n, argv, b + 2)
+    local ok, a, r, reset, retry = pcall(group, now, keys, k, n, nums, b + 2)
     if not ok then
       replies[m + 1] = error_text(a)
+      failed = true
     elseif n == 1 then
       replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] = a, r, reset, retry
     else
       for i = 1, 4 * n do replies[m + i] = a[i] end
     end
-    b, k = b + 2 + args, k + n
+    b, k = b + 2 + count, k + n
   end
-  return replies
+  if failed then return replies end
+  return packed_of(replies)
 end
