@@ -1433,3 +1433,44 @@ async fn on_a_cluster_requests_queue_per_slot() {
         "7 requests on one slot in {calls} FCALLs: the one in flight, then the queue"
     );
 }
+
+/// A request of fixed windows only (a per-second and a per-minute tier, with and without a
+/// shadow rule) takes batch.lua's fast path: each window adds its hits at once, and where one
+/// is new or over its limit everything is taken back and the general path decides. Memory and
+/// Redis answer alike through the windows' starts, the tiers' denials and a shadow denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_of_fixed_windows_decide_alike_on_memory_and_redis() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
+    let memory = Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        MemoryStore::new(clock.clone(), 100_000),
+        EngineSettings::default(),
+    );
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let tiers = |keys: &[&str], hits: u64| Request {
+        domain: "d".into(),
+        descriptors: keys
+            .iter()
+            .map(|k| descriptor(&[(k, "t")], hits, false))
+            .collect(),
+    };
+    let (mut ok, mut over) = (0, 0);
+    for step in 0..120 {
+        let request = match step % 4 {
+            0 | 1 => tiers(&["fixed", "bulk"], 1),
+            2 => tiers(&["bulk", "fixed", "shadow"], 1),
+            _ => tiers(&["quota_a", "bulk"], 2),
+        };
+        let want = memory.decide(&request).await.unwrap();
+        let got = engine.decide(&request).await.unwrap();
+        assert_eq!(got, want, "step {step}: {request:?}");
+        if want.code == Code::Ok {
+            ok += 1;
+        } else {
+            over += 1;
+        }
+        clock.advance(90_000);
+    }
+    assert!(ok > 30 && over > 30, "{ok} allowed, {over} denied");
+}

@@ -34,7 +34,6 @@
 -- starting the function, TIME, writing the reply) is paid once for them all.
 
 local ENFORCE, REFUND = 1, 3
-local FIXED_WINDOW = 1
 
 local decide_of = {
   fixed_window_decide, sliding_window_decide, sliding_log_decide,
@@ -100,34 +99,86 @@ local function check_at(nums, b)
   return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
--- One group: `n` checks on keys[k + 1 .. k + n], their numbers from nums[b].
-local function group(now, keys, k, n, nums, b)
+-- Takes back what fixed_windows added to the first `upto` checks (each within its limit: its
+-- count before is what its verdict's remaining says), and to check `upto + 1` the `hits` it
+-- added on a count of `last_count` (hits 0: none). Keys are unique among them.
+local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m, hits, last_count)
+  for i = 1, upto do
+    local _, _, h, requests, period, _, _, _, _, next_b = check_at(nums, b)
+    b = next_b
+    local start = window_of(now, period)
+    local count = requests - h - replies[m + (i - 1) * 4 + 2]
+    fixed_window_take_back(keys[k + i], fixed_window_field(start), h, count)
+  end
+  if hits > 0 then
+    local _, _, _, _, period = check_at(nums, b)
+    local start = window_of(now, period)
+    fixed_window_take_back(keys[k + upto + 1], fixed_window_field(start), hits, last_count)
+  end
+end
+
+-- A group of fixed windows only (one check, or tiers), none a cost limit or a refund: each
+-- adds its hits at once (fixed_window_add), one command a check where reading first and writing
+-- after take two. Where every window counted already and each is within its limit, that is the
+-- group's answer, written to replies[m + 1 ..]; a check alone over its limit takes its hits
+-- back and is answered too. Otherwise everything added is taken back and it returns false: the
+-- general path decides on the state as it was.
+local function fixed_windows(now, keys, k, n, nums, b, replies, m)
+  local at = b
+  for i = 1, n do
+    local alg, kind, hits, requests, period, _, _, cap, _, next_b = check_at(nums, at)
+    if not fixed_window_fast(alg, kind, hits, requests, cap) then
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, 0, 0)
+      return false
+    end
+    local key = keys[k + i]
+    local count, field, finish = fixed_window_add(key, now, hits, period)
+    local within = hits <= requests and count <= requests - hits
+    if count == 0 or not within then
+      if n == 1 and count > 0 then
+        fixed_window_take_back(key, field, hits, count)
+        local to_end = finish - now
+        replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
+          0, math.max(requests - count, 0), to_end, to_end
+        return true
+      end
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, hits, count)
+      return false
+    end
+    local o = m + (i - 1) * 4
+    replies[o + 1], replies[o + 2], replies[o + 3], replies[o + 4] =
+      1, requests - count - hits, finish - now, 0
+    at = next_b
+  end
+  return true
+end
+
+-- One group: `n` checks on keys[k + 1 .. k + n], their numbers from nums[b]; its verdicts
+-- (4 values a check) written to replies[m + 1 ..], no table of its own (a table that grows
+-- costs Redis a reallocation each time it doubles).
+local function group(now, keys, k, n, nums, b, replies, m)
+  if fixed_windows(now, keys, k, n, nums, b, replies, m) then return end
   if n == 1 then
     -- Alone, a check that would write decides the batch (or is a charge): it writes at once.
     local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(nums, b)
     local key = keys[k + 1]
-    if kind == REFUND then
-      local a, r, reset, retry =
-        refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
-      return a, r, reset, retry
-    end
     local a, r, reset, retry, w1, w2, w3, w4
-    if alg == FIXED_WINDOW and cap == 0 and hits > 0 and requests > 0 then
-      a, r, reset, retry = fixed_window_alone(key, now, hits, requests, period)
-    end
-    if a == nil then
+    if kind == REFUND then
+      a, r, reset, retry =
+        refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
+    else
       a, r, reset, retry, w1, w2, w3, w4 =
         decide(now, key, alg, hits, requests, period, burst, tick, cap)
       if w1 ~= nil and (a == 1 or is_charge(hits, requests, cap)) then
         commit_of[alg](key, now, requests, period, burst, tick, cap, w1, w2, w3, w4)
       end
     end
-    return a, r, reset, retry
+    replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] = a, r, reset, retry
+    return
   end
 
-  local reply = {}
-  for j = 1, 4 * n do reply[j] = 0 end
-  -- What would be written, 7 values per check that would write: its index, where its arguments
+  for j = 1, 4 * n do replies[m + j] = 0 end
+  -- What would be written, 7 values per check that would write: its index, where its numbers
   -- start, whether it is a cost limit's charge (1: written whatever the batch decides), and its
   -- up to 4 writes.
   local pending = {}
@@ -143,8 +194,8 @@ local function group(now, keys, k, n, nums, b)
     else
       local a, r, reset, retry, w1, w2, w3, w4 =
         decide(now, keys[k + i], alg, hits, requests, period, burst, tick, cap)
-      local o = (i - 1) * 4
-      reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = a, r, reset, retry
+      local o = m + (i - 1) * 4
+      replies[o + 1], replies[o + 2], replies[o + 3], replies[o + 4] = a, r, reset, retry
       local charge = 0
       if is_charge(hits, requests, cap) then charge = 1 end
       if w1 ~= nil and (a == 1 or charge == 1) then
@@ -165,8 +216,8 @@ local function group(now, keys, k, n, nums, b)
         pending[p + 3], pending[p + 4], pending[p + 5], pending[p + 6])
     else
       -- Not consumed after all: what was left is left still.
-      local o = (i - 1) * 4
-      reply[o + 2] = reply[o + 2] + hits
+      local o = m + (i - 1) * 4
+      replies[o + 2] = replies[o + 2] + hits
     end
   end
 
@@ -175,11 +226,10 @@ local function group(now, keys, k, n, nums, b)
     local i = refunds[p]
     local alg, _, hits, requests, period, burst, tick, cap, refund_until =
       check_at(nums, refunds[p + 1])
-    local o = (i - 1) * 4
-    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] =
+    local o = m + (i - 1) * 4
+    replies[o + 1], replies[o + 2], replies[o + 3], replies[o + 4] =
       refund(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, refund_until)
   end
-  return reply
 end
 
 -- An error raised in a group (a redis.call's error is a table), as its reply: a string.
@@ -245,17 +295,13 @@ local function batches(keys, argv)
   local b, k = 1, 0
   for _ = 1, tonumber(argv[1]) do
     local n, count = nums[b], nums[b + 1]
-    -- Alone, a check's verdict comes back as four values, not a table (a table per call
-    -- cost Redis ~0.3 µs).
     local m = #replies
-    local ok, a, r, reset, retry = pcall(group, now, keys, k, n, nums, b + 2)
+    local ok, e = pcall(group, now, keys, k, n, nums, b + 2, replies, m)
     if not ok then
-      replies[m + 1] = error_text(a)
+      -- What the group wrote before its error goes; its reply is the error's text.
+      for i = #replies, m + 1, -1 do replies[i] = nil end
+      replies[m + 1] = error_text(e)
       failed = true
-    elseif n == 1 then
-      replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] = a, r, reset, retry
-    else
-      for i = 1, 4 * n do replies[m + i] = a[i] end
     end
     b, k = b + 2 + count, k + n
   end

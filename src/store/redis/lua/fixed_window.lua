@@ -94,33 +94,37 @@ local function fixed_window_refund(key, now, hits, requests, period, burst, tick
   fixed_window_store(key, field, now, period, count, math.max(count - hits, 0), held)
 end
 
--- A check alone in its group, not a cost limit, with hits: the same decision in one command
--- where the window already counts (the common case), instead of an HGET and an HINCRBY. It adds
--- the hits first; the count before is the result less the hits. Over the limit, it takes them
--- back (a denial then costs two commands, as the over-limit cache spares Redis most of them).
--- Where the count before was 0 the hash may not have held the window (a new window, a stale
--- one, the old form): the increment is undone exactly — the hash holds one field at most, so
--- two fields mean the window's was new; a key without a TTL was made by the increment — and it
--- returns nil: the general path decides.
-local function fixed_window_alone(key, now, hits, requests, period)
+-- The fast path: a check that is not a cost limit and has hits adds them first, in one
+-- command, where a decision otherwise reads (HGET) and then writes (HINCRBY); the count before
+-- is the result less the hits. Where the window already counts (the common case) that is the
+-- decision; where the count before was 0 the hash may not have held the window (a new window, a
+-- stale one, the old form), so the addition is taken back and the general path decides.
+
+-- Adds `hits` to the current window: the count before, the window's field and its end.
+local function fixed_window_add(key, now, hits, period)
   local start, finish = window_of(now, period)
   local field = fixed_window_field(start)
   local counted = redis.call('HINCRBY', key, field, hits_arg(hits))
-  local count = counted - hits
-  if count > 0 then
-    local to_end = finish - now
-    if hits <= requests and count <= requests - hits then
-      return 1, requests - counted, to_end, 0
+  return counted - hits, field, finish
+end
+
+-- Takes back what fixed_window_add added, exactly. From a count of 0: the hash holds one field
+-- at most, so two fields mean the window's was new; a key without a TTL was made by the
+-- addition.
+local function fixed_window_take_back(key, field, hits, before)
+  if before == 0 then
+    if redis.call('PTTL', key) < 0 then
+      redis.call('DEL', key)
+      return
+    elseif redis.call('HLEN', key) > 1 then
+      redis.call('HDEL', key, field)
+      return
     end
-    redis.call('HINCRBY', key, field, -hits)
-    return 0, math.max(requests - count, 0), to_end, to_end
   end
-  if redis.call('PTTL', key) < 0 then
-    redis.call('DEL', key)
-  elseif redis.call('HLEN', key) > 1 then
-    redis.call('HDEL', key, field)
-  else
-    redis.call('HINCRBY', key, field, -hits)
-  end
-  return nil
+  redis.call('HINCRBY', key, field, -hits)
+end
+
+-- Whether a check may take the fast path.
+local function fixed_window_fast(alg, kind, hits, requests, cap)
+  return alg == 1 and kind ~= 3 and cap == 0 and hits > 0 and requests > 0
 end
