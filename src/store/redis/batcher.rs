@@ -153,7 +153,7 @@ mod tests {
     fn group(n: u64) -> Group {
         Group {
             keys: vec![n.to_string().into_bytes()],
-            now: String::new(),
+            now: None,
             args: vec![n],
         }
     }
@@ -293,8 +293,8 @@ mod tests {
     async fn a_call_carries_groups_of_one_time() {
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
-        let groups = [(1, "5"), (2, "5"), (3, "6"), (4, "6"), (5, "5")].map(|(n, now)| Group {
-            now: now.to_owned(),
+        let groups = [(1, 5), (2, 5), (3, 6), (4, 6), (5, 5)].map(|(n, now)| Group {
+            now: Some(now),
             ..group(n)
         });
         for outcome in queued_then_run(batcher, worker, &release, groups.to_vec()).await {

@@ -501,12 +501,12 @@ impl RedisStore {
         keys: Vec<Vec<u8>>,
         checks: &[Check<'_>],
         indices: &[usize],
-        now: &str,
+        now: Option<u64>,
         node_now_us: u64,
     ) -> Result<GroupReply, StoreError> {
         let mut group = Group {
             keys,
-            now: now.to_owned(),
+            now,
             args: Vec::with_capacity(8 * indices.len()),
         };
         for &i in indices {
@@ -679,11 +679,7 @@ impl Reached {
 
 impl Store for RedisStore {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
-        let now = self
-            .pinned
-            .as_ref()
-            .map(|c| c.now_micros().to_string())
-            .unwrap_or_default();
+        let now = self.pinned.as_ref().map(|c| c.now_micros());
         // Only calendar limits read it (to send their windows around it).
         let node_now_us = if checks.iter().any(|c| c.limit.calendar.is_some()) {
             self.node_clock.now_micros()
@@ -712,7 +708,7 @@ impl Store for RedisStore {
         }
         let results = futures_util::future::join_all(groups.iter().zip(group_keys).map(
             |((slot, members), keys)| {
-                self.run_group(*slot, keys, checks, members, &now, node_now_us)
+                self.run_group(*slot, keys, checks, members, now, node_now_us)
             },
         ))
         .await;
@@ -758,7 +754,7 @@ impl Store for RedisStore {
                 let sent_keys: Vec<Vec<u8>> = sent.iter().map(|c| self.redis_key(c).0).collect();
                 let all: Vec<usize> = (0..sent.len()).collect();
                 match self
-                    .run_group(slot, sent_keys, &sent, &all, &now, node_now_us)
+                    .run_group(slot, sent_keys, &sent, &all, now, node_now_us)
                     .await
                 {
                     Ok(reply) => {

@@ -46,8 +46,8 @@ pub const LIMITER_SCRIPT: &str = concat!(body!(), "\nreturn batches(KEYS, ARGV)\
 #[derive(Debug, Clone, Default)]
 pub struct Group {
     pub keys: Vec<Vec<u8>>,
-    /// Empty (Redis `TIME`) or a pinned time in microseconds (tests only).
-    pub now: String,
+    /// None: Redis `TIME`; or a pinned time in microseconds (tests only).
+    pub now: Option<u64>,
     pub args: Vec<u64>,
 }
 
@@ -184,7 +184,7 @@ impl Limiter {
         for key in groups.iter().flat_map(|g| &g.keys) {
             cmd.arg(key.as_slice());
         }
-        let now = groups.first().map_or("", |g| g.now.as_str());
+        let now = groups.first().and_then(|g| g.now);
         debug_assert!(
             groups.iter().all(|g| g.now == now),
             "a call's groups share a time"
@@ -199,7 +199,12 @@ impl Limiter {
                 packed.extend_from_slice(&pack(*n));
             }
         }
-        cmd.arg(groups.len()).arg(now).arg(packed);
+        cmd.arg(groups.len());
+        match now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(packed);
         cmd
     }
 }
