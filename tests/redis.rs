@@ -1360,6 +1360,38 @@ async fn a_call_past_a_thousand_numbers_is_answered_check_by_check() {
     );
 }
 
+/// A tier Redis refuses (its key holds another type) fails its request, and the tiers before it
+/// that had added their hits take them back: an error consumes nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_redis_refuses_fails_the_request_and_consumes_nothing() {
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    let request = |keys: &[&str]| Request {
+        domain: "d".into(),
+        descriptors: keys
+            .iter()
+            .map(|k| descriptor(&[(k, "w")], 1, false))
+            .collect(),
+    };
+    let tiers = request(&["fixed", "bulk"]);
+    assert_eq!(engine.decide(&tiers).await.unwrap().code, Code::Ok);
+    let scanned = redis.cli(&["--scan"]);
+    let bulk = scanned
+        .lines()
+        .find(|k| k.contains("bulk"))
+        .expect("the bulk tier's key");
+    redis.cli(&["DEL", bulk]);
+    redis.cli(&["SET", bulk, "not a hash"]);
+    let failed = engine.decide(&tiers).await.expect_err("WRONGTYPE");
+    assert!(failed.to_string().contains("WRONGTYPE"), "{failed}");
+    let d = engine.decide(&request(&["fixed"])).await.unwrap();
+    assert_eq!(
+        d.statuses[0].remaining, 3,
+        "5 per second: the first request's hit and this one's, not the failed one's"
+    );
+}
+
 /// On a Redis Cluster a call's keys share a slot, so requests queue per slot: those on one slot
 /// (a hot key) leave together while its call is out, and a master that stops answering holds up
 /// only its own slots — a request on another master's slot is answered meanwhile.

@@ -133,6 +133,11 @@ local function fixed_windows(now, keys, k, n, nums, b, replies, m)
     end
     local key = keys[k + i]
     local count, field, finish = fixed_window_add(key, now, hits, period)
+    if count == nil then
+      -- An error consumes nothing either.
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, 0, 0)
+      error(field)
+    end
     local within = hits <= requests and count <= requests - hits
     if count == 0 or not within then
       if n == 1 and count > 0 then

@@ -100,11 +100,14 @@ end
 -- decision; where the count before was 0 the hash may not have held the window (a new window, a
 -- stale one, the old form), so the addition is taken back and the general path decides.
 
--- Adds `hits` to the current window: the count before, the window's field and its end.
+-- Adds `hits` to the current window: the count before, the window's field and its end; or,
+-- where Redis refuses (a key of another type), nil and its error, raised by the caller once
+-- it has taken back what the checks before added.
 local function fixed_window_add(key, now, hits, period)
   local start, finish = window_of(now, period)
   local field = fixed_window_field(start)
-  local counted = redis.call('HINCRBY', key, field, hits_arg(hits))
+  local counted = redis.pcall('HINCRBY', key, field, hits_arg(hits))
+  if type(counted) == 'table' then return nil, counted end
   return counted - hits, field, finish
 end
 
