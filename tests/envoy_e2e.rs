@@ -827,6 +827,11 @@ async fn rlqs_load(front: std::net::SocketAddr, rate: f64, until: u64) -> Vec<(u
     seen
 }
 
+/// The RLQS fleets run one at a time: two at once (six Envoys, six loads, three sluice nodes) on
+/// a 2-core machine once starved the load generators, and a whole window then saw too little
+/// demand to fill it (228 of 300, in CI).
+static RLQS_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Three real Envoys, the i-th streaming to sluice on `grpc_ports[i]`, with demand 60/30/10
 /// of twice the limit, through two whole windows: what they admitted in each window.
 async fn rlqs_fleet(grpc_ports: [u16; 3], name: &str) -> std::collections::BTreeMap<u64, u64> {
@@ -881,6 +886,7 @@ fn assert_rlqs_windows(admitted: &std::collections::BTreeMap<u64, u64>, what: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_rlqs_admit_at_most_the_limit() {
+    let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
     let node = rlqs_node(sluice::store::StoreConfig::new(
         sluice::store::BackendConfig::Memory,
     ))
@@ -904,6 +910,7 @@ async fn three_envoys_on_rlqs_admit_at_most_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_rlqs_with_two_sluice_nodes_sharing_redis_admit_at_most_the_limit() {
+    let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
     let redis = common::redis::RedisServer::start();
     let store = || {
         common::redis::shared_config(

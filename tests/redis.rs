@@ -1505,4 +1505,17 @@ async fn tiers_of_fixed_windows_decide_alike_on_memory_and_redis() {
         clock.advance(90_000);
     }
     assert!(ok > 30 && over > 30, "{ok} allowed, {over} denied");
+    // More hits than any limit (any u64 comes from the wire): denied alike, nothing written.
+    for hits in [u64::from(u32::MAX) + 1, 1 << 60, u64::MAX] {
+        for keys in [&["fixed"][..], &["fixed", "bulk"][..]] {
+            let request = tiers(keys, hits);
+            let want = memory.decide(&request).await.unwrap();
+            let got = engine.decide(&request).await;
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(&want),
+                "{hits} hits on {keys:?}: {got:?}"
+            );
+        }
+    }
 }
