@@ -1360,6 +1360,63 @@ async fn a_call_past_a_thousand_numbers_is_answered_check_by_check() {
     );
 }
 
+/// Any u64 of hits comes from the wire: on every rule (each algorithm, tiers, cost limits,
+/// shadow, quota) and as a refund, memory and Redis answer a request of hits past any limit
+/// alike, and what it leaves behind decides the next request alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_past_any_limit_decide_alike_on_memory_and_redis() {
+    const KEYS: [&str; 14] = [
+        "fixed",
+        "sliding",
+        "log",
+        "token",
+        "leaky",
+        "gcra",
+        "tiers",
+        "shadow",
+        "bulk",
+        "sliding_bulk",
+        "quota_a",
+        "quota_b",
+        "cost",
+        "cost_bucket",
+    ];
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
+    let memory = Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        MemoryStore::new(clock.clone(), 100_000),
+        EngineSettings::default(),
+    );
+    let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
+    for key in KEYS {
+        for hits in [
+            u64::from(u32::MAX) + 1,
+            1 << 53,
+            (1 << 53) + 1,
+            1 << 60,
+            u64::MAX,
+        ] {
+            for (refund, then) in [(false, 1), (true, 1), (false, 0)] {
+                for (hits, refund) in [(hits, refund), (then, false)] {
+                    let request = Request {
+                        domain: "d".into(),
+                        descriptors: vec![descriptor(&[(key, "h")], hits, refund)],
+                    };
+                    let want = memory.decide(&request).await.unwrap();
+                    let got = engine.decide(&request).await;
+                    assert_eq!(
+                        got.as_ref().ok(),
+                        Some(&want),
+                        "{key}: {hits} hits, refund {refund}: {got:?}"
+                    );
+                }
+                clock.advance(7_000);
+            }
+        }
+    }
+}
+
 /// A tier Redis refuses (its key holds another type) fails its request, and the tiers before it
 /// that had added their hits take them back: an error consumes nothing either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
