@@ -1,6 +1,7 @@
 -- Twin of src/limiter/fixed_window.rs. State: a hash under "<key>#" (the key the caller sends)
--- with one field, the window's start in seconds, whose value is the window's count. So a call is
--- an HGET and an HINCRBY, with no string to parse or format (~2 µs of Redis CPU a call). The
+-- with one field, the window's start in seconds, whose value is the window's count. So a
+-- decision is one HINCRBY where the window already counts (the fast path below), else an HGET
+-- and an HINCRBY, with no string to parse or format. The
 -- window is a field, not part of the key's name, because the caller names every key a script
 -- touches: Redis Cluster moves a slot key by key, and routes a call by the keys it declares.
 --
