@@ -34,6 +34,7 @@
 -- starting the function, TIME, writing the reply) is paid once for them all.
 
 local ENFORCE, REFUND = 1, 3
+local FIXED_WINDOW = 1
 
 local decide_of = {
   fixed_window_decide, sliding_window_decide, sliding_log_decide,
@@ -99,21 +100,24 @@ local function check_at(nums, b)
   return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
--- Takes back what fixed_windows added to the first `upto` checks (each within its limit: its
--- count before is what its verdict's remaining says), and to check `upto + 1` the `hits` it
--- added on a count of `last_count` (hits 0: none). Keys are unique among them.
-local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m, hits, last_count)
+-- Whether a check may take the fast path (see fixed_window.lua): a fixed window, not a refund
+-- nor a cost limit, with hits. Not one of more hits than its limit: it can never be allowed
+-- (the general path says so without a write), and its hits, any u64 from the wire, need not
+-- fit what HINCRBY takes.
+local function fixed_window_fast(alg, kind, hits, requests, cap)
+  return alg == FIXED_WINDOW and kind ~= REFUND and cap == 0 and hits > 0 and requests > 0
+    and hits <= requests
+end
+
+-- Takes back what fixed_windows added to the first `upto` checks, each within its limit: its
+-- count before is what its verdict's remaining says. Keys are unique among them.
+local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m)
   for i = 1, upto do
-    local _, _, h, requests, period, _, _, _, _, next_b = check_at(nums, b)
+    local _, _, hits, requests, period, _, _, _, _, next_b = check_at(nums, b)
     b = next_b
     local start = window_of(now, period)
-    local count = requests - h - replies[m + (i - 1) * 4 + 2]
-    fixed_window_take_back(keys[k + i], fixed_window_field(start), h, count)
-  end
-  if hits > 0 then
-    local _, _, _, _, period = check_at(nums, b)
-    local start = window_of(now, period)
-    fixed_window_take_back(keys[k + upto + 1], fixed_window_field(start), hits, last_count)
+    local count = requests - hits - replies[m + (i - 1) * 4 + 2]
+    fixed_window_take_back(keys[k + i], fixed_window_field(start), hits, count)
   end
 end
 
@@ -128,26 +132,25 @@ local function fixed_windows(now, keys, k, n, nums, b, replies, m)
   for i = 1, n do
     local alg, kind, hits, requests, period, _, _, cap, _, next_b = check_at(nums, at)
     if not fixed_window_fast(alg, kind, hits, requests, cap) then
-      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, 0, 0)
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
       return false
     end
     local key = keys[k + i]
     local count, field, finish = fixed_window_add(key, now, hits, period)
     if count == nil then
       -- An error consumes nothing either.
-      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, 0, 0)
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
       error(field)
     end
-    local within = hits <= requests and count <= requests - hits
-    if count == 0 or not within then
+    if count == 0 or count > requests - hits then
+      fixed_window_take_back(key, field, hits, count)
       if n == 1 and count > 0 then
-        fixed_window_take_back(key, field, hits, count)
         local to_end = finish - now
         replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
           0, math.max(requests - count, 0), to_end, to_end
         return true
       end
-      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m, hits, count)
+      fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
       return false
     end
     local o = m + (i - 1) * 4

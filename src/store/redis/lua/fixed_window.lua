@@ -127,10 +127,3 @@ local function fixed_window_take_back(key, field, hits, before)
   end
   redis.call('HINCRBY', key, field, -hits)
 end
-
--- Whether a check may take the fast path. Not one of more hits than its limit: it can never be
--- allowed (the general path says so without a write), and its hits, any u64 from the wire, need
--- not fit what HINCRBY takes.
-local function fixed_window_fast(alg, kind, hits, requests, cap)
-  return alg == 1 and kind ~= 3 and cap == 0 and hits > 0 and requests > 0 and hits <= requests
-end
