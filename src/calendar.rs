@@ -190,16 +190,20 @@ impl std::fmt::Debug for CalendarRef {
     }
 }
 
+/// Tests: µs of a local civil time (`2026-03-29T00:30`) in `zone`, the earlier instant of an
+/// ambiguous one.
+#[cfg(test)]
+pub(crate) fn civil_us(zone: &str, civil: &str) -> u64 {
+    let dt: jiff::civil::DateTime = civil.parse().unwrap();
+    let z = dt.to_zoned(TimeZone::get(zone).unwrap()).unwrap();
+    z.timestamp().as_microsecond() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// µs of a local civil time in `zone` (the earlier instant of an ambiguous one).
-    fn at(zone: &str, civil: &str) -> u64 {
-        let dt: jiff::civil::DateTime = civil.parse().unwrap();
-        let z = dt.to_zoned(TimeZone::get(zone).unwrap()).unwrap();
-        z.timestamp().as_microsecond() as u64
-    }
+    use super::civil_us as at;
 
     fn window(zone: &str, unit: CalendarUnit, civil: &str) -> (u64, u64) {
         Calendar::new(zone, unit)

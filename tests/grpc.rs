@@ -457,11 +457,7 @@ async fn reflection_lists_and_describes_the_services() {
 async fn a_calendar_month_resets_on_the_first_in_its_zone() {
     let rules = "domain: plans\ndescriptors:\n  - key: user\n    rate_limit: {unit: month, requests_per_unit: 2, calendar: Europe/Berlin, name: monthly}\n";
     let server = start(rules, "retry-after,draft03", EngineSettings::default()).await;
-    let berlin = |civil: &str| {
-        let dt: jiff::civil::DateTime = civil.parse().unwrap();
-        let zone = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
-        dt.to_zoned(zone).unwrap().timestamp().as_microsecond() as u64
-    };
+    let berlin = |civil: &str| common::civil_us("Europe/Berlin", civil);
     server.clock.set(berlin("2026-02-28T23:59:30"));
     let mut client = server.client().await;
     let call = || request("plans", vec![descriptor(&[("user", "ann")])]);

@@ -84,6 +84,15 @@ fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
     .unwrap()
 }
 
+/// The memory store's engine on `clock`, with `RULES`: what Redis must answer alike.
+fn memory_engine(clock: &Arc<ManualClock>) -> Engine<MemoryStore> {
+    Engine::new(
+        load_texts([("d.yaml", RULES)]).unwrap(),
+        MemoryStore::new(clock.clone(), 100_000),
+        EngineSettings::default(),
+    )
+}
+
 fn pinned_engine(topology: Topology, clock: &Arc<ManualClock>) -> Engine<RedisStore> {
     pinned_engine_with(topology, clock, RULES)
 }
@@ -256,11 +265,7 @@ fn assert_same(mut got: Decision, want: &Decision, estimated_sliding: bool, what
 /// times: every decision and every status must be identical.
 async fn differential(topology: Topology, seed: u64, steps: usize) {
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
-    let memory = Engine::new(
-        load_texts([("d.yaml", RULES)]).unwrap(),
-        MemoryStore::new(clock.clone(), 100_000),
-        EngineSettings::default(),
-    );
+    let memory = memory_engine(&clock);
     let redis = pinned_engine(topology.clone(), &clock);
     let strict = stack_engine(topology.clone(), &clock, Mode::Strict);
     let hybrid = stack_engine(topology, &clock, Mode::Hybrid);
@@ -1128,11 +1133,7 @@ descriptors:
   - key: zero
     rate_limit: {unit: year, requests_per_unit: 0, calendar: UTC}
 "#;
-    let at = |zone: &str, civil: &str| -> u64 {
-        let dt: jiff::civil::DateTime = civil.parse().unwrap();
-        let zoned = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
-        zoned.timestamp().as_microsecond() as u64
-    };
+    let at = common::civil_us;
     const H: u64 = 3_600 * S;
     let redis = RedisServer::start();
     let topology = Topology::Standalone(redis.url());
@@ -1239,6 +1240,19 @@ async fn allowed_of(decisions: Vec<Pending<'_>>) -> usize {
         .count()
 }
 
+/// Requests that queued behind a call admitted exactly the limit (4) across them, and left in
+/// `calls` FCALLs: the one in flight, then the queue.
+fn assert_batched(admitted: usize, calls: u64, requests: &str) {
+    assert_eq!(
+        admitted, 4,
+        "exactly the limit, across the batched requests"
+    );
+    assert!(
+        (1..=2).contains(&calls),
+        "{requests} in {calls} FCALLs: the one in flight, then the queue"
+    );
+}
+
 /// A store whose calls wait on one another (one connection, one call out), with a timeout a
 /// paused Redis does not reach and the script's time pinned to `clock`.
 fn one_call_store(topology: Topology, clock: &Arc<ManualClock>) -> RedisStore {
@@ -1291,10 +1305,6 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
     redis.resume();
 
     let admitted = 1 + allowed_of(queued).await;
-    assert_eq!(
-        admitted, 4,
-        "exactly the limit, across the batched requests"
-    );
     let failed = futures_util::future::join_all(off)
         .await
         .remove(0)
@@ -1304,11 +1314,7 @@ async fn calls_that_queue_leave_together_each_answered_on_its_own() {
         "{failed}"
     );
     assert_eq!(allowed_of(on_time).await, 1, "its neighbour");
-    let calls = fcalls() - before;
-    assert!(
-        (1..=2).contains(&calls),
-        "9 requests in {calls} FCALLs: the one in flight, then the queue"
-    );
+    assert_batched(admitted, fcalls() - before, "9 requests");
 }
 
 /// A call's numbers travel packed (one argument in, one string out; batch.lua), unpacked a
@@ -1383,11 +1389,7 @@ async fn hits_past_any_limit_decide_alike_on_memory_and_redis() {
     ];
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
-    let memory = Engine::new(
-        load_texts([("d.yaml", RULES)]).unwrap(),
-        MemoryStore::new(clock.clone(), 100_000),
-        EngineSettings::default(),
-    );
+    let memory = memory_engine(&clock);
     let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
     for key in KEYS {
         for hits in [
@@ -1512,15 +1514,7 @@ async fn on_a_cluster_requests_queue_per_slot() {
     cluster.nodes[hot_master].resume();
 
     let admitted = 1 + allowed_of(queued).await;
-    assert_eq!(
-        admitted, 4,
-        "exactly the limit, across the batched requests"
-    );
-    let calls = fcalls() - before;
-    assert!(
-        (1..=2).contains(&calls),
-        "7 requests on one slot in {calls} FCALLs: the one in flight, then the queue"
-    );
+    assert_batched(admitted, fcalls() - before, "7 requests on one slot");
 }
 
 /// A request of fixed windows only (a per-second and a per-minute tier, with and without a
@@ -1531,11 +1525,7 @@ async fn on_a_cluster_requests_queue_per_slot() {
 async fn tiers_of_fixed_windows_decide_alike_on_memory_and_redis() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * S + 123_456));
-    let memory = Engine::new(
-        load_texts([("d.yaml", RULES)]).unwrap(),
-        MemoryStore::new(clock.clone(), 100_000),
-        EngineSettings::default(),
-    );
+    let memory = memory_engine(&clock);
     let engine = pinned_engine(Topology::Standalone(redis.url()), &clock);
     let tiers = |keys: &[&str], hits: u64| Request {
         domain: "d".into(),

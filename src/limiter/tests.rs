@@ -645,16 +645,10 @@ fn a_day_budget_records_a_debit_of_twice_its_size() {
 
 mod calendar_windows {
     use super::*;
+    use crate::calendar::civil_us as at;
     use crate::calendar::{Calendar, CalendarUnit};
 
     const H: u64 = 3_600 * S;
-
-    /// µs of a local civil time in `zone` (the earlier of an ambiguous one).
-    fn at(zone: &str, civil: &str) -> u64 {
-        let dt: jiff::civil::DateTime = civil.parse().unwrap();
-        let z = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
-        z.timestamp().as_microsecond() as u64
-    }
 
     fn monthly(requests: u64, zone: &str, unit: CalendarUnit, nominal_s: u64) -> Limit {
         limit(Algorithm::FixedWindow, requests, nominal_s, None)

@@ -142,6 +142,14 @@ pub fn request(
 }
 
 /// A fresh directory under the system temp dir, removed by the caller.
+/// µs of a local civil time (`2026-03-29T00:30`) in `zone`, the earlier instant of an ambiguous
+/// one.
+pub fn civil_us(zone: &str, civil: &str) -> u64 {
+    let dt: jiff::civil::DateTime = civil.parse().unwrap();
+    let z = dt.to_zoned(jiff::tz::TimeZone::get(zone).unwrap()).unwrap();
+    z.timestamp().as_microsecond() as u64
+}
+
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
