@@ -24,6 +24,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&served),
     )?;
     tonic_prost_build::configure()
+        // prost with buffers sized for rate-limit messages (see src/proto.rs).
+        .codec_path("crate::proto::codec::SmallBuffers")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;

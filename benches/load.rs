@@ -22,7 +22,7 @@ mod servers;
 
 // As the `sluice` binary runs (src/main.rs): every row, the no-op ceiling included.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: sluice::allocator::Mimalloc = sluice::allocator::Mimalloc;
 
 use servers::{serve_noop, serve_sluice};
 use sluice::clock::{Clock, SystemClock};

@@ -20,8 +20,10 @@
 //!   calendar windows (a day, week, month or year in a time zone).
 //! - [`clock`] (time, manual in tests), [`proto`] (the compiled protos), [`tls`] (the gRPC
 //!   listener's certificates, rotated), [`top`] (the most-limited values, a bounded sketch).
+//!   [`allocator`]: the global allocator the binary and the benches install.
 
 pub mod admin;
+pub mod allocator;
 pub mod calendar;
 pub mod cli;
 pub mod clock;

@@ -8,10 +8,9 @@ use futures_util::Stream;
 use sluice::cli::{self, Command};
 use sluice::rules::LoadOptions;
 
-// glibc's malloc makes the worker threads queue on its arena lock; mimalloc's per-thread heaps
-// raised the load run's throughput by half (BENCHMARKS.md).
+// mimalloc, called as `sluice::allocator` explains.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: sluice::allocator::Mimalloc = sluice::allocator::Mimalloc;
 
 fn main() -> ExitCode {
     let (cli, reference) = match cli::parse() {

@@ -117,3 +117,49 @@ pub mod rlqs {
     };
     pub use super::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
 }
+
+/// prost's gRPC codec with buffers sized for rate-limit messages, which every generated service
+/// and client here uses (build.rs names it). tonic's default is an 8 KiB buffer each way per
+/// call, for messages that are a few hundred bytes; a larger one grows as it needs to.
+pub mod codec {
+    use tonic::codec::BufferSettings;
+
+    /// Each call's first encode and decode buffer; past it, tonic grows the buffer.
+    const BUFFER_SIZE: usize = 1024;
+    /// tonic's own threshold for yielding an encoded stream's buffer.
+    const YIELD_THRESHOLD: usize = 32 * 1024;
+
+    /// [`tonic_prost::ProstCodec`] with [`BUFFER_SIZE`] buffers.
+    #[derive(Debug, Clone, Copy)]
+    pub struct SmallBuffers<T, U>(std::marker::PhantomData<(T, U)>);
+
+    impl<T, U> Default for SmallBuffers<T, U> {
+        fn default() -> Self {
+            Self(std::marker::PhantomData)
+        }
+    }
+
+    /// The buffers of each call's encoder and decoder.
+    pub fn buffer_settings() -> BufferSettings {
+        BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
+    }
+
+    impl<T, U> tonic::codec::Codec for SmallBuffers<T, U>
+    where
+        T: prost::Message + Send + 'static,
+        U: prost::Message + Default + Send + 'static,
+    {
+        type Encode = T;
+        type Decode = U;
+        type Encoder = tonic_prost::ProstEncoder<T>;
+        type Decoder = tonic_prost::ProstDecoder<U>;
+
+        fn encoder(&mut self) -> Self::Encoder {
+            tonic_prost::ProstEncoder::new(buffer_settings())
+        }
+
+        fn decoder(&mut self) -> Self::Decoder {
+            tonic_prost::ProstCodec::<T, U>::raw_decoder(buffer_settings())
+        }
+    }
+}

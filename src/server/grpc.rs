@@ -12,10 +12,10 @@ use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 
 use crate::proto::rlqs::RateLimitQuotaServiceServer;
-use crate::proto::{QUOTA_SERVICE_NAME, RateLimitServiceServer, SERVICE_NAME};
+use crate::proto::{QUOTA_SERVICE_NAME, SERVICE_NAME};
 use crate::rlqs::QuotaService;
-use crate::service::RateLimitGrpc;
 use crate::service::health::HealthService;
+use crate::service::{RateLimitGrpc, RlsServer};
 use crate::store::Store;
 use crate::tls::{Reload, ServerTls};
 
@@ -29,7 +29,7 @@ pub(super) fn serve<S: Store>(
     stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<JoinHandle<anyhow::Result<()>>>> {
     let dispatch = Dispatch {
-        rls: RateLimitServiceServer::from_arc(service),
+        rls: RlsServer::new(service),
         rlqs: RateLimitQuotaServiceServer::from_arc(quota),
         health,
         reflection: reflection()?,
@@ -152,8 +152,8 @@ fn reflection() -> anyhow::Result<
 
 /// The gRPC services on the one listener, told apart by the path's service name. tonic's
 /// `Router` (an axum router) would match routes and box a service and a future per call; for
-/// four services a prefix test is all it takes, and the generated servers already box their
-/// futures. ShouldRateLimit is tested first; anything that is none of the others goes to
+/// four services a prefix test is all it takes, and each service already boxes its future.
+/// ShouldRateLimit is tested first; anything that is none of the others goes to
 /// health, which answers UNIMPLEMENTED for what it does not know.
 #[derive(Clone)]
 struct Dispatch<R, Q, H, F> {
@@ -206,7 +206,7 @@ impl<R: GrpcService, Q: GrpcService, H: GrpcService, F: GrpcService>
         &mut self,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
-        // The generated servers are always ready.
+        // Every service here is always ready.
         std::task::Poll::Ready(Ok(()))
     }
 

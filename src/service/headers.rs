@@ -96,35 +96,77 @@ impl HeaderSet {
         Ok(set)
     }
 
+    /// The headers for `d`, as the wire message's list (the JSON door's answer, and a gRPC
+    /// answer that carries dynamic metadata).
     pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
-        let retry_after = self.retry_after && d.code == Code::OverLimit;
-        let limited = Limited(&d.statuses);
-        let per_style = if limited.is_empty() {
-            0
-        } else {
-            3 * usize::from(self.draft03)
-                + 2 * usize::from(self.ietf)
-                + 3 * usize::from(self.ratelimit.is_some())
-        };
-        let mut out = Vec::with_capacity(usize::from(retry_after) + per_style);
-        if retry_after {
-            let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
-            out.push(header("retry-after", seconds.to_string()));
-        }
-        if per_style == 0 {
-            return out;
-        }
-        if self.draft03 {
-            draft03(limited, &mut out);
-        }
-        if self.ietf {
-            ietf(limited, &mut out);
-        }
-        if let Some(names) = &self.ratelimit {
-            reference_style(limited, names, &mut out);
-        }
+        let mut out = Vec::with_capacity(self.count(d));
+        self.render_into(d, &mut out);
         out
     }
+
+    /// How many headers `render` gives for `d`.
+    fn count(&self, d: &Decision) -> usize {
+        let retry_after = usize::from(self.retry_after && d.code == Code::OverLimit);
+        if Limited(&d.statuses).is_empty() {
+            return retry_after;
+        }
+        retry_after
+            + 3 * usize::from(self.draft03)
+            + 2 * usize::from(self.ietf)
+            + 3 * usize::from(self.ratelimit.is_some())
+    }
+
+    /// The headers for `d`, each handed to `out` as it is made: every value is written into one
+    /// buffer, so the gRPC answer (see `answer`) costs no allocation per header.
+    pub fn render_into(&self, d: &Decision, out: &mut impl HeaderSink) {
+        let limited = Limited(&d.statuses);
+        let mut value = String::new();
+        if self.retry_after && d.code == Code::OverLimit {
+            let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
+            let _ = write!(value, "{seconds}");
+            out.header("retry-after", &value);
+        }
+        if limited.is_empty() {
+            return;
+        }
+        if self.draft03 {
+            draft03(limited, &mut value, out);
+        }
+        if self.ietf {
+            ietf(limited, &mut value, out);
+        }
+        if let Some(names) = &self.ratelimit {
+            reference_style(limited, names, &mut value, out);
+        }
+    }
+}
+
+/// Where rendered headers go, one `key: value` at a time.
+pub trait HeaderSink {
+    fn header(&mut self, key: &str, value: &str);
+}
+
+impl HeaderSink for Vec<HeaderValue> {
+    fn header(&mut self, key: &str, value: &str) {
+        self.push(HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            raw_value: Vec::new(),
+        });
+    }
+}
+
+/// Hands `key` and what `write` writes to `out`, through the reused `value` buffer. Writing
+/// into a `String` cannot fail.
+fn emit(
+    out: &mut impl HeaderSink,
+    value: &mut String,
+    key: &str,
+    write: impl FnOnce(&mut String) -> std::fmt::Result,
+) {
+    value.clear();
+    let _ = write(value);
+    out.header(key, value);
 }
 
 /// The statuses that carry a limit (the ones headers describe), read in place: a header set
@@ -155,7 +197,12 @@ impl<'a> Limited<'a> {
 
 /// As the reference service picks its one status: the last OVER_LIMIT one, else the one with
 /// the least remaining (the first on ties).
-fn reference_style(limited: Limited<'_>, names: &LimitHeaderNames, out: &mut Vec<HeaderValue>) {
+fn reference_style(
+    limited: Limited<'_>,
+    names: &LimitHeaderNames,
+    value: &mut String,
+    out: &mut impl HeaderSink,
+) {
     let lead = limited
         .iter()
         .filter(|(_, s, _)| s.code == Code::OverLimit)
@@ -163,49 +210,48 @@ fn reference_style(limited: Limited<'_>, names: &LimitHeaderNames, out: &mut Vec
         .map(|(_, s, l)| (s, l))
         .or_else(|| limited.least_remaining());
     let Some((lead, limit)) = lead else { return };
-    out.push(header(&names.limit, limit.requests_per_unit.to_string()));
-    out.push(header(&names.remaining, limit_remaining(lead).to_string()));
-    out.push(header(&names.reset, reset_seconds(lead).to_string()));
-}
-
-fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_owned(),
-        value,
-        raw_value: Vec::new(),
-    }
+    emit(out, value, &names.limit, |v| {
+        write!(v, "{}", limit.requests_per_unit)
+    });
+    emit(out, value, &names.remaining, |v| {
+        write!(v, "{}", limit_remaining(lead))
+    });
+    emit(out, value, &names.reset, |v| {
+        write!(v, "{}", reset_seconds(lead))
+    });
 }
 
 fn reset_seconds(s: &Status) -> u64 {
     s.duration_us.map_or(0, ceil_seconds)
 }
 
-fn draft03(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
+fn draft03(limited: Limited<'_>, value: &mut String, out: &mut impl HeaderSink) {
     let Some((lead, lead_limit)) = limited.least_remaining() else {
         return;
     };
-    // `L, L;w=W` per limit: 32 bytes hold the usual one without growing. Writing into a
-    // `String` cannot fail.
-    let mut value = String::with_capacity(32);
-    let _ = write!(value, "{}", lead_limit.requests_per_unit);
-    for (_, _, l) in limited.iter() {
-        let _ = write!(value, ", {};w={}", l.requests_per_unit, l.window_seconds());
-        if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
-            value.push_str(";name=\"");
-            push_sf_string(&mut value, name);
-            value.push('"');
+    emit(out, value, "x-ratelimit-limit", |v| {
+        // `L, L;w=W` per limit.
+        write!(v, "{}", lead_limit.requests_per_unit)?;
+        for (_, _, l) in limited.iter() {
+            write!(v, ", {};w={}", l.requests_per_unit, l.window_seconds())?;
+            if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
+                v.push_str(";name=\"");
+                push_sf_string(v, name);
+                v.push('"');
+            }
         }
-    }
-    out.push(header("x-ratelimit-limit", value));
-    out.push(header(
-        "x-ratelimit-remaining",
-        limit_remaining(lead).to_string(),
-    ));
-    out.push(header("x-ratelimit-reset", reset_seconds(lead).to_string()));
+        Ok(())
+    });
+    emit(out, value, "x-ratelimit-remaining", |v| {
+        write!(v, "{}", limit_remaining(lead))
+    });
+    emit(out, value, "x-ratelimit-reset", |v| {
+        write!(v, "{}", reset_seconds(lead))
+    });
 }
 
-fn ietf(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
-    let mut policy = String::new();
+fn ietf(limited: Limited<'_>, policy: &mut String, out: &mut impl HeaderSink) {
+    policy.clear();
     let mut current = String::new();
     for (n, (i, s, l)) in limited.iter().enumerate() {
         if n > 0 {
@@ -216,7 +262,7 @@ fn ietf(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
         let name_start = policy.len();
         policy.push('"');
         match l.name.as_deref().filter(|n| !n.is_empty()) {
-            Some(name) => push_sf_string(&mut policy, name),
+            Some(name) => push_sf_string(policy, name),
             None => {
                 let _ = write!(policy, "descriptor-{i}");
             }
@@ -231,8 +277,8 @@ fn ietf(limited: Limited<'_>, out: &mut Vec<HeaderValue>) {
         );
         let _ = write!(current, ";r={};t={}", limit_remaining(s), reset_seconds(s));
     }
-    out.push(header("ratelimit-policy", policy));
-    out.push(header("ratelimit", current));
+    out.header("ratelimit-policy", policy);
+    out.header("ratelimit", &current);
 }
 
 /// Appends the content of a structured-field string: printable ASCII with `"` and `\` escaped;

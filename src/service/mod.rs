@@ -1,18 +1,22 @@
 //! The gRPC adapter: protobuf in, domain types to the engine, protobuf out. The only module
 //! (with `admin::json`) that knows the wire types.
 
+mod answer;
 pub mod headers;
 pub mod health;
 mod metadata;
+mod rls;
 
 use std::sync::Arc;
 
 use std::time::Instant;
 
-use tonic::{Request, Response, Status};
+use tonic::Status;
 use tracing::Instrument;
 
+pub use answer::Answer;
 pub use headers::{HeaderSet, HeaderSetError, LimitHeaderNames};
+pub use rls::RlsServer;
 
 use crate::engine::{self, Code, Decision, Engine, EngineError, LimitOverride};
 use crate::metrics::{CallResult, Metrics};
@@ -23,7 +27,7 @@ use crate::store::Store;
 /// Serves `ShouldRateLimit` from an [`Engine`].
 pub struct RateLimitGrpc<S> {
     engine: Arc<Engine<S>>,
-    headers: HeaderSet,
+    headers: Arc<HeaderSet>,
     metrics: Option<Arc<Metrics>>,
     /// Answer with `dynamic_metadata` (the reference's `RESPONSE_DYNAMIC_METADATA`).
     dynamic_metadata: bool,
@@ -35,7 +39,7 @@ impl<S: Store> RateLimitGrpc<S> {
     pub fn new(engine: Arc<Engine<S>>, headers: HeaderSet, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             engine,
-            headers,
+            headers: Arc::new(headers),
             metrics,
             dynamic_metadata: false,
             top: None,
@@ -66,8 +70,13 @@ impl<S: Store> RateLimitGrpc<S> {
         &self.engine
     }
 
-    /// One call, from wire request to wire response (also used by HTTP `/json`).
+    /// One call, from wire request to wire response (HTTP `/json`).
     pub async fn handle(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.answer(request).await.map(Answer::into_message)
+    }
+
+    /// One call, from wire request to its answer (gRPC: see [`RlsServer`]).
+    pub async fn answer(&self, request: RateLimitRequest) -> Result<Answer, Status> {
         let started = Instant::now();
         let span = tracing::debug_span!(
             "should_rate_limit",
@@ -103,31 +112,17 @@ impl<S: Store> RateLimitGrpc<S> {
         if let Some(m) = &self.metrics {
             m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
         }
-        result.map(|d| self.to_wire(&d, echo))
-    }
-
-    fn to_wire(
-        &self,
-        decision: &Decision,
-        echo: Option<metadata::RequestEcho>,
-    ) -> RateLimitResponse {
-        RateLimitResponse {
-            overall_code: code(decision.code) as i32,
-            statuses: decision.statuses.iter().map(status).collect(),
-            response_headers_to_add: self.headers.render(decision),
-            dynamic_metadata: echo.map(|e| e.finish(decision)),
-            ..RateLimitResponse::default()
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl<S: Store> proto::RateLimitService for RateLimitGrpc<S> {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        self.handle(request.into_inner()).await.map(Response::new)
+        result.map(|decision| match echo {
+            None => Answer::Decided {
+                decision,
+                headers: self.headers.clone(),
+            },
+            Some(echo) => Answer::Message(answer::message(
+                &decision,
+                &self.headers,
+                Some(echo.finish(&decision)),
+            )),
+        })
     }
 }
 
@@ -230,25 +225,6 @@ pub fn ceil_seconds(micros: u64) -> u64 {
 /// What is left, as the wire's `limit_remaining` and the headers say it: at most `u32::MAX`.
 fn limit_remaining(s: &engine::Status) -> u32 {
     u32::try_from(s.remaining).unwrap_or(u32::MAX)
-}
-
-fn status(s: &engine::Status) -> proto::DescriptorStatus {
-    proto::DescriptorStatus {
-        code: code(s.code) as i32,
-        current_limit: s.limit.as_ref().map(|l| proto::RateLimit {
-            requests_per_unit: l.requests_per_unit,
-            unit: response_unit(l.unit) as i32,
-            name: l.name.as_deref().unwrap_or_default().to_owned(),
-            // Unset means 1; only a real multiplier goes on the wire.
-            unit_multiplier: (l.unit_multiplier != 1).then_some(l.unit_multiplier),
-        }),
-        limit_remaining: limit_remaining(s),
-        duration_until_reset: s.duration_us.map(|us| prost_types::Duration {
-            seconds: i64::try_from(ceil_seconds(us)).unwrap_or(i64::MAX),
-            nanos: 0,
-        }),
-        quota: None,
-    }
 }
 
 #[cfg(test)]
