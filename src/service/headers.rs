@@ -123,7 +123,7 @@ impl HeaderSet {
         let mut value = String::new();
         if self.retry_after && d.code == Code::OverLimit {
             let seconds = d.retry_after_us.map_or(1, ceil_seconds).max(1);
-            let _ = write!(value, "{seconds}");
+            push_int(&mut value, seconds);
             out.header("retry-after", &value);
         }
         if limited.is_empty() {
@@ -156,17 +156,27 @@ impl HeaderSink for Vec<HeaderValue> {
     }
 }
 
-/// Hands `key` and what `write` writes to `out`, through the reused `value` buffer. Writing
-/// into a `String` cannot fail.
-fn emit(
-    out: &mut impl HeaderSink,
-    value: &mut String,
-    key: &str,
-    write: impl FnOnce(&mut String) -> std::fmt::Result,
-) {
+/// Hands `key` and what `write` writes to `out`, through the reused `value` buffer.
+fn emit(out: &mut impl HeaderSink, value: &mut String, key: &str, write: impl FnOnce(&mut String)) {
     value.clear();
-    let _ = write(value);
+    write(value);
     out.header(key, value);
+}
+
+/// Appends `n` in decimal, as `write!(out, "{n}")` does, without the formatting machinery: a
+/// header value is rendered on every answer, and `core::fmt` was a sixth of the cost.
+fn push_int(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20]; // u64::MAX has 20 digits
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[start..].iter().map(|&d| char::from(d)));
 }
 
 /// The statuses that carry a limit (the ones headers describe), read in place: a header set
@@ -211,13 +221,13 @@ fn reference_style(
         .or_else(|| limited.least_remaining());
     let Some((lead, limit)) = lead else { return };
     emit(out, value, &names.limit, |v| {
-        write!(v, "{}", limit.requests_per_unit)
+        push_int(v, limit.requests_per_unit.into())
     });
     emit(out, value, &names.remaining, |v| {
-        write!(v, "{}", limit_remaining(lead))
+        push_int(v, limit_remaining(lead).into())
     });
     emit(out, value, &names.reset, |v| {
-        write!(v, "{}", reset_seconds(lead))
+        push_int(v, reset_seconds(lead))
     });
 }
 
@@ -231,22 +241,24 @@ fn draft03(limited: Limited<'_>, value: &mut String, out: &mut impl HeaderSink) 
     };
     emit(out, value, "x-ratelimit-limit", |v| {
         // `L, L;w=W` per limit.
-        write!(v, "{}", lead_limit.requests_per_unit)?;
+        push_int(v, lead_limit.requests_per_unit.into());
         for (_, _, l) in limited.iter() {
-            write!(v, ", {};w={}", l.requests_per_unit, l.window_seconds())?;
+            v.push_str(", ");
+            push_int(v, l.requests_per_unit.into());
+            v.push_str(";w=");
+            push_int(v, l.window_seconds());
             if let Some(name) = l.name.as_deref().filter(|n| !n.is_empty()) {
                 v.push_str(";name=\"");
                 push_sf_string(v, name);
                 v.push('"');
             }
         }
-        Ok(())
     });
     emit(out, value, "x-ratelimit-remaining", |v| {
-        write!(v, "{}", limit_remaining(lead))
+        push_int(v, limit_remaining(lead).into())
     });
     emit(out, value, "x-ratelimit-reset", |v| {
-        write!(v, "{}", reset_seconds(lead))
+        push_int(v, reset_seconds(lead))
     });
 }
 
@@ -292,6 +304,42 @@ fn push_sf_string(out: &mut String, s: &str) {
             }
             ' '..='~' => out.push(c),
             _ => out.push('_'),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_int;
+    use proptest::prelude::*;
+
+    fn pushed(n: u64) -> String {
+        let mut s = String::from("x");
+        push_int(&mut s, n);
+        s
+    }
+
+    #[test]
+    fn integers_are_written_as_display_writes_them_at_the_edges() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            assert_eq!(pushed(n), format!("x{n}"));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn integers_are_written_as_display_writes_them(n in any::<u64>()) {
+            prop_assert_eq!(pushed(n), format!("x{n}"));
         }
     }
 }
