@@ -20,35 +20,48 @@ use libmimalloc_sys as mi;
 /// The alignment every mimalloc block has: one machine word.
 const WORD_ALIGN: usize = std::mem::size_of::<usize>();
 
+/// Whether any mimalloc block serves `layout`, so the plain functions do (see the module docs).
+fn word_aligned(layout: Layout) -> bool {
+    layout.align() <= WORD_ALIGN
+}
+
+/// A new block for `layout`: from `plain` where any block serves it, else from `aligned`.
+///
+/// # Safety
+/// `plain` and `aligned` are mimalloc's allocation functions of one kind (plain or zeroed).
+#[inline]
+unsafe fn allocate(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: mimalloc's allocation functions accept any size, zero included.
+    unsafe {
+        if word_aligned(layout) {
+            plain(layout.size()).cast()
+        } else {
+            aligned(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 /// mimalloc as the global allocator (see the module documentation).
 pub struct Mimalloc;
 
 // SAFETY: each method hands mimalloc's result straight back; mimalloc returns null on failure
-// (as GlobalAlloc asks) and blocks aligned as requested: to a word by `mi_malloc`, which is all
-// a layout of alignment ≤ WORD_ALIGN needs, and to `align` by the `_aligned` forms otherwise.
+// (as GlobalAlloc asks) and blocks aligned as requested: to a word by the plain functions, which
+// is all a word-aligned layout needs, and to `align` by the `_aligned` forms otherwise.
 unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: mimalloc's allocation functions accept any size, zero included.
-        unsafe {
-            if layout.align() <= WORD_ALIGN {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: two allocation functions of mimalloc's.
+        unsafe { allocate(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        unsafe {
-            if layout.align() <= WORD_ALIGN {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: two allocation functions of mimalloc's.
+        unsafe { allocate(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
@@ -63,7 +76,7 @@ unsafe impl GlobalAlloc for Mimalloc {
         // SAFETY: `ptr` came from mimalloc (GlobalAlloc's contract); the new block keeps the
         // layout's alignment as `alloc` would give it.
         unsafe {
-            if layout.align() <= WORD_ALIGN {
+            if word_aligned(layout) {
                 mi::mi_realloc(ptr.cast::<c_void>(), new_size).cast()
             } else {
                 mi::mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast()

@@ -140,7 +140,7 @@ pub mod codec {
     }
 
     /// The buffers of each call's encoder and decoder.
-    pub fn buffer_settings() -> BufferSettings {
+    fn buffer_settings() -> BufferSettings {
         BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
     }
 

@@ -9,8 +9,6 @@
 //!
 //! An answer with `dynamic_metadata` (a `Struct` tree) is the message itself, encoded by prost.
 
-use std::sync::Arc;
-
 use prost::Message;
 use prost::bytes::BufMut;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
@@ -20,30 +18,28 @@ use super::{ceil_seconds, code, limit_remaining, response_unit};
 use crate::engine::{Decision, ReportedLimit, Status};
 use crate::proto::{self, RateLimitResponse};
 
-/// What a `ShouldRateLimit` call answers, before it is bytes.
+/// What a `ShouldRateLimit` call answers, before it is bytes. The service's header set renders
+/// a decision's headers when it becomes bytes or a message.
 pub enum Answer {
-    /// The decision and the headers to render for it.
-    Decided {
-        decision: Decision,
-        headers: Arc<HeaderSet>,
-    },
+    /// The decision.
+    Decided(Decision),
     /// A message built in full (it carries dynamic metadata).
     Message(RateLimitResponse),
 }
 
 impl Answer {
     /// The answer as the wire message (the JSON door's answer).
-    pub fn into_message(self) -> RateLimitResponse {
+    pub fn into_message(self, headers: &HeaderSet) -> RateLimitResponse {
         match self {
-            Answer::Decided { decision, headers } => message(&decision, &headers, None),
+            Answer::Decided(decision) => message(&decision, headers, None),
             Answer::Message(m) => m,
         }
     }
 
     /// Writes the answer's protobuf bytes to `buf`.
-    pub fn encode(&self, buf: &mut impl BufMut) {
+    pub fn encode(&self, headers: &HeaderSet, buf: &mut impl BufMut) {
         match self {
-            Answer::Decided { decision, headers } => write_decided(decision, headers, buf),
+            Answer::Decided(decision) => write_decided(decision, headers, buf),
             Answer::Message(m) => {
                 let _ = m.encode(buf);
             }
@@ -73,8 +69,7 @@ fn status(s: &Status) -> proto::DescriptorStatus {
             requests_per_unit: l.requests_per_unit,
             unit: response_unit(l.unit) as i32,
             name: l.name.as_deref().unwrap_or_default().to_owned(),
-            // Unset means 1; only a real multiplier goes on the wire.
-            unit_multiplier: (l.unit_multiplier != 1).then_some(l.unit_multiplier),
+            unit_multiplier: multiplier(l),
         }),
         limit_remaining: limit_remaining(s),
         duration_until_reset: s.duration_us.map(|us| prost_types::Duration {
@@ -196,7 +191,7 @@ fn duration_len(us: u64) -> usize {
     varint_field_len(WRAPPED_VALUE, reset_seconds(us) as u64)
 }
 
-/// The multiplier's wrapper message is present only for a real multiplier (see `status`).
+/// `unit_multiplier`: unset means 1, so only a real multiplier goes on the wire.
 fn multiplier(l: &ReportedLimit) -> Option<u32> {
     (l.unit_multiplier != 1).then_some(l.unit_multiplier)
 }
@@ -249,6 +244,7 @@ mod tests {
     use crate::rules::Unit;
     use crate::service::headers::LimitHeaderNames;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     fn units() -> impl Strategy<Value = Unit> {
         prop_oneof![
@@ -355,13 +351,13 @@ mod tests {
         #[test]
         fn decided_answers_are_the_bytes_prost_writes(d in decisions(), set in header_sets()) {
             let expected = message(&d, &set, None).encode_to_vec();
-            let answer = Answer::Decided { decision: d, headers: Arc::new(set) };
+            let answer = Answer::Decided(d);
             let mut written = Vec::new();
-            answer.encode(&mut written);
+            answer.encode(&set, &mut written);
             prop_assert_eq!(&written, &expected);
             prop_assert_eq!(
                 RateLimitResponse::decode(written.as_slice()).unwrap(),
-                answer.into_message()
+                answer.into_message(&set)
             );
         }
     }

@@ -99,21 +99,9 @@ impl HeaderSet {
     /// The headers for `d`, as the wire message's list (the JSON door's answer, and a gRPC
     /// answer that carries dynamic metadata).
     pub fn render(&self, d: &Decision) -> Vec<HeaderValue> {
-        let mut out = Vec::with_capacity(self.count(d));
+        let mut out = Vec::new();
         self.render_into(d, &mut out);
         out
-    }
-
-    /// How many headers `render` gives for `d`.
-    fn count(&self, d: &Decision) -> usize {
-        let retry_after = usize::from(self.retry_after && d.code == Code::OverLimit);
-        if Limited(&d.statuses).is_empty() {
-            return retry_after;
-        }
-        retry_after
-            + 3 * usize::from(self.draft03)
-            + 2 * usize::from(self.ietf)
-            + 3 * usize::from(self.ratelimit.is_some())
     }
 
     /// The headers for `d`, each handed to `out` as it is made: every value is written into one

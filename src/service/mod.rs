@@ -27,7 +27,7 @@ use crate::store::Store;
 /// Serves `ShouldRateLimit` from an [`Engine`].
 pub struct RateLimitGrpc<S> {
     engine: Arc<Engine<S>>,
-    headers: Arc<HeaderSet>,
+    headers: HeaderSet,
     metrics: Option<Arc<Metrics>>,
     /// Answer with `dynamic_metadata` (the reference's `RESPONSE_DYNAMIC_METADATA`).
     dynamic_metadata: bool,
@@ -39,7 +39,7 @@ impl<S: Store> RateLimitGrpc<S> {
     pub fn new(engine: Arc<Engine<S>>, headers: HeaderSet, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             engine,
-            headers: Arc::new(headers),
+            headers,
             metrics,
             dynamic_metadata: false,
             top: None,
@@ -72,7 +72,8 @@ impl<S: Store> RateLimitGrpc<S> {
 
     /// One call, from wire request to wire response (HTTP `/json`).
     pub async fn handle(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        self.answer(request).await.map(Answer::into_message)
+        let answer = self.answer(request).await?;
+        Ok(answer.into_message(&self.headers))
     }
 
     /// One call, from wire request to its answer (gRPC: see [`RlsServer`]).
@@ -113,10 +114,7 @@ impl<S: Store> RateLimitGrpc<S> {
             m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
         }
         result.map(|decision| match echo {
-            None => Answer::Decided {
-                decision,
-                headers: self.headers.clone(),
-            },
+            None => Answer::Decided(decision),
             Some(echo) => Answer::Message(answer::message(
                 &decision,
                 &self.headers,

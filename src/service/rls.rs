@@ -21,7 +21,7 @@ use prost::bytes::{BufMut, Bytes, BytesMut};
 use tonic::Status;
 use tonic::codegen::{BoxFuture, Service, http};
 
-use super::{Answer, RateLimitGrpc};
+use super::{Answer, HeaderSet, RateLimitGrpc};
 use crate::proto::RateLimitRequest;
 use crate::store::Store;
 
@@ -81,7 +81,7 @@ impl<S: Store> Service<GrpcRequest> for RlsServer<S> {
                 Err(status) => Err(status),
             };
             Ok(match answer {
-                Ok(answer) => respond(&answer),
+                Ok(answer) => respond(&answer, &service.headers),
                 Err(status) => status.into_http(),
             })
         })
@@ -180,10 +180,10 @@ fn too_large(len: usize) -> Status {
 }
 
 /// The answer as a gRPC response: headers, the one message, trailers saying OK.
-fn respond(answer: &Answer) -> GrpcResponse {
+fn respond(answer: &Answer, headers: &HeaderSet) -> GrpcResponse {
     let mut message = BytesMut::with_capacity(ANSWER_CAPACITY);
     message.put_slice(&[0; PREFIX_BYTES]);
-    answer.encode(&mut message);
+    answer.encode(headers, &mut message);
     let len = message.len() - PREFIX_BYTES;
     // An answer is a few hundred bytes; one past 4 GiB cannot be framed, so it is an error.
     let Ok(len) = u32::try_from(len) else {
