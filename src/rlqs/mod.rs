@@ -13,6 +13,13 @@
 //! ratio, and full only after a blanket rule; the old grant's unspent tokens are dropped, never
 //! counted twice.
 //!
+//! **Where the window ends.** Envoy spends a grant until something replaces it: the tick just
+//! after a window's end (`TICK_LAG`, 5 ms) sends every bucket the new window's grant, so for
+//! those few milliseconds, and the trip to the Envoy, it may still admit with the tokens of the
+//! window before, which counted them. The time to live cannot close that gap (Envoy reads it in
+//! whole seconds, from when it gets the assignment, and a one-second window could then never
+//! hold a grant); it only bounds it if this node stops before the tick (see `ttl_seconds`).
+//!
 //! **Why it is full.** Grants follow each Envoy's reported demand (requests allowed and denied
 //! per second, smoothed), sized to cover about two of Envoy's 5-second reports, and capped at
 //! the Envoy's share, by demand, of what the counter has left. While plenty is left, a grant is

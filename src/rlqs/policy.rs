@@ -32,7 +32,8 @@ pub enum Treatment {
 }
 
 /// Where a grant's period ends: the earliest end among the limits it is drawn from. A grant is
-/// spent within the window it was charged to, which is exact for the window algorithms (a hit
+/// spent within the window it was charged to (and the moment after, until the end tick replaces
+/// it: see the module), which is exact for the window algorithms (a hit
 /// charged early in a window counts as one charged later in it; see `store::lease`); for the
 /// others (buckets and the sliding log) the period is the current second, so a grant lives at
 /// most a second and the fleet's excess is bounded by a second of the rate.
