@@ -1431,6 +1431,12 @@ async fn a_tier_redis_refuses_fails_the_request_and_consumes_nothing() {
     redis.cli(&["SET", bulk, "not a hash"]);
     let failed = engine.decide(&tiers).await.expect_err("WRONGTYPE");
     assert!(failed.to_string().contains("WRONGTYPE"), "{failed}");
+    // A lone check takes batch.lua's inline path: Redis's refusal is its error too.
+    let alone = engine
+        .decide(&request(&["bulk"]))
+        .await
+        .expect_err("WRONGTYPE");
+    assert!(alone.to_string().contains("WRONGTYPE"), "{alone}");
     let d = engine.decide(&request(&["fixed"])).await.unwrap();
     assert_eq!(
         d.statuses[0].remaining, 3,
