@@ -16,6 +16,7 @@
 //! failure policy's answers are never learned: they say nothing of the shared counters.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::sharded::{SHARDS, Sharded};
 use super::{Check, CheckKind, Outcome, Store, StoreError};
@@ -42,6 +43,11 @@ pub struct OverLimitCache<S> {
 /// The cached denials, sharded.
 pub struct Denials {
     entries: Sharded<Denial>,
+    /// How many `entries` holds, so a node with none (the common case: nothing over its
+    /// limit) looks up and forgets nothing — no key hashed, no shard locked. Read without a
+    /// lock: a denial learned by another thread a moment ago may be missed once, and the
+    /// backend answers that request instead, as if the cache had not learned it yet.
+    held: AtomicUsize,
     /// Per shard; 0: the cache is off.
     max_per_shard: usize,
     clock: Arc<dyn Clock>,
@@ -54,6 +60,7 @@ impl<S: Store> OverLimitCache<S> {
             inner,
             denials: Arc::new(Denials {
                 entries: Sharded::new(),
+                held: AtomicUsize::new(0),
                 max_per_shard: max_entries.div_ceil(SHARDS),
                 clock,
             }),
@@ -70,7 +77,11 @@ impl Denials {
     /// The cached denial of this check at `now`, if one applies.
     fn denial(&self, check: &Check<'_>, now: u64) -> Option<Verdict> {
         // A cost limit's charge must reach the backend, denied or not.
-        if check.kind != CheckKind::Enforce || check.hits == 0 || check.limit.overdraft {
+        if check.kind != CheckKind::Enforce
+            || check.hits == 0
+            || check.limit.overdraft
+            || self.held.load(Ordering::Relaxed) == 0
+        {
             return None;
         }
         let d = *self.entries.lock(check.key).get(check.key)?;
@@ -104,21 +115,27 @@ impl Denials {
             let steady = c.limit.algorithm.denial_is_steady()
                 || (c.hits == v.remaining.saturating_add(1) && c.limit.can_ever_allow(c.hits));
             let denied = denied && steady;
-            let mut entries = self.entries.lock(c.key);
             if !denied {
-                if c.kind == CheckKind::Refund || v.allowed {
-                    entries.remove(c.key);
+                if (c.kind == CheckKind::Refund || v.allowed)
+                    && self.held.load(Ordering::Relaxed) > 0
+                    && self.entries.lock(c.key).remove(c.key).is_some()
+                {
+                    self.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 continue;
             }
+            let mut entries = self.entries.lock(c.key);
             if entries.len() >= self.max_per_shard && !entries.contains_key(c.key) {
                 // Full: make room from this shard only (bounded work per request).
+                let before = entries.len();
                 entries.retain(|_, d| d.until_us > now);
+                self.held
+                    .fetch_sub(before - entries.len(), Ordering::Relaxed);
                 if entries.len() >= self.max_per_shard {
                     continue;
                 }
             }
-            entries.insert(
+            let replaced = entries.insert(
                 c.key.into(),
                 Denial {
                     limit: *c.limit,
@@ -128,6 +145,9 @@ impl Denials {
                     reset_until_us: now.saturating_add(v.reset_after_us),
                 },
             );
+            if replaced.is_none() {
+                self.held.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -143,8 +163,11 @@ impl Denials {
     /// Forgets the denials that have run out.
     pub fn sweep(&self) {
         let now = self.clock.now_micros();
-        self.entries
-            .for_each_shard(|m| m.retain(|_, d| d.until_us > now));
+        self.entries.for_each_shard(|m| {
+            let before = m.len();
+            m.retain(|_, d| d.until_us > now);
+            self.held.fetch_sub(before - m.len(), Ordering::Relaxed);
+        });
     }
 }
 
@@ -168,5 +191,73 @@ impl<S: Store> Store for OverLimitCache<S> {
         let outcome = self.inner.apply(checks).await?;
         denials.learn(checks, &outcome, now);
         Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::Algorithm;
+    use crate::store::memory::MemoryStore;
+
+    fn enforce<'a>(key: &'a [u8], limit: &'a Limit) -> Check<'a> {
+        Check::enforce(key, limit, 1)
+    }
+
+    /// The count that lets a node with no denials skip the cache stays the cache's size through
+    /// learning, forgetting, a full shard's room-making and the sweep — and a denial counted is
+    /// one the next request is answered from.
+    #[tokio::test]
+    async fn the_count_of_denials_follows_the_entries() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let memory = Arc::new(MemoryStore::new(clock.clone(), 1_000));
+        // One entry per shard at most: a second denial on a shard makes room there.
+        let cache = OverLimitCache::new(memory, SHARDS, clock.clone());
+        let denials = cache.denials();
+        let count = || denials.held.load(Ordering::Relaxed);
+        let limit = Limit::new(Algorithm::FixedWindow, 1, 60_000_000, None).unwrap();
+        let keys: Vec<Vec<u8>> = (0..300u32).map(|i| i.to_be_bytes().to_vec()).collect();
+        for k in &keys {
+            assert!(cache.apply(&[enforce(k, &limit)]).await.unwrap().allowed);
+            assert_eq!(count(), 0, "an allowed counter is not cached");
+        }
+        // Each key denied once: learned, up to a shard's room.
+        for k in &keys {
+            assert!(!cache.apply(&[enforce(k, &limit)]).await.unwrap().allowed);
+            assert_eq!(count(), denials.len());
+        }
+        assert!(count() > 0 && count() <= SHARDS);
+        // A cached key is answered here: the count says there are some to look up.
+        let cached = keys
+            .iter()
+            .find(|k| denials.entries.lock(k).contains_key(k.as_slice()))
+            .unwrap();
+        assert!(
+            !cache
+                .apply(&[enforce(cached, &limit)])
+                .await
+                .unwrap()
+                .allowed
+        );
+        // A refund forgets its counter.
+        let refund = Check {
+            kind: CheckKind::Refund,
+            ..enforce(cached, &limit)
+        };
+        cache.apply(&[refund]).await.unwrap();
+        assert_eq!(count(), denials.len());
+        // Past the window every denial has run out: the sweep empties the cache, and a full
+        // shard makes room from what ran out.
+        clock.advance(60_000_000);
+        for k in keys.iter().take(100) {
+            assert!(cache.apply(&[enforce(k, &limit)]).await.unwrap().allowed);
+            assert_eq!(count(), denials.len());
+            assert!(!cache.apply(&[enforce(k, &limit)]).await.unwrap().allowed);
+            assert_eq!(count(), denials.len());
+        }
+        clock.advance(60_000_000);
+        denials.sweep();
+        assert_eq!((count(), denials.len()), (0, 0));
     }
 }
