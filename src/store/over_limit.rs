@@ -15,6 +15,7 @@
 //! Bounded (`max_entries`, spread over shards so threads do not queue on one lock). The
 //! failure policy's answers are never learned: they say nothing of the shared counters.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -127,10 +128,7 @@ impl Denials {
             let mut entries = self.entries.lock(c.key);
             if entries.len() >= self.max_per_shard && !entries.contains_key(c.key) {
                 // Full: make room from this shard only (bounded work per request).
-                let before = entries.len();
-                entries.retain(|_, d| d.until_us > now);
-                self.held
-                    .fetch_sub(before - entries.len(), Ordering::Relaxed);
+                self.forget_run_out(&mut entries, now);
                 if entries.len() >= self.max_per_shard {
                     continue;
                 }
@@ -163,11 +161,14 @@ impl Denials {
     /// Forgets the denials that have run out.
     pub fn sweep(&self) {
         let now = self.clock.now_micros();
-        self.entries.for_each_shard(|m| {
-            let before = m.len();
-            m.retain(|_, d| d.until_us > now);
-            self.held.fetch_sub(before - m.len(), Ordering::Relaxed);
-        });
+        self.entries.for_each_shard(|m| self.forget_run_out(m, now));
+    }
+
+    /// Forgets a shard's denials that have run out at `now`, and counts them off.
+    fn forget_run_out(&self, shard: &mut HashMap<Box<[u8]>, Denial>, now: u64) {
+        let before = shard.len();
+        shard.retain(|_, d| d.until_us > now);
+        self.held.fetch_sub(before - shard.len(), Ordering::Relaxed);
     }
 }
 

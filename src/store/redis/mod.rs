@@ -778,7 +778,7 @@ impl Store for RedisStore {
                 rollback.report(checks, &mut verdicts);
             }
         }
-        // The last group's error, as before: any one of them says Redis failed the request.
+        // Any group's error means Redis failed the request; the last one is reported.
         if let Some(e) = results.into_iter().filter_map(Result::err).last() {
             return Err(e);
         }

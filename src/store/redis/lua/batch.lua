@@ -109,6 +109,14 @@ local function fixed_window_fast(alg, kind, hits, requests, cap)
     and hits <= requests
 end
 
+-- A lone fixed window already at `count`, past what its hits allow: denied, its verdict written
+-- to replies[m + 1 ..].
+local function fixed_window_denied(now, finish, requests, count, replies, m)
+  local to_end = finish - now
+  replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
+    0, math.max(requests - count, 0), to_end, to_end
+end
+
 -- Takes back what fixed_windows added to the first `upto` checks, each within its limit: its
 -- count before is what its verdict's remaining says. Keys are unique among them.
 local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m)
@@ -145,9 +153,7 @@ local function fixed_windows(now, keys, k, n, nums, b, replies, m)
     if count == 0 or count > requests - hits then
       fixed_window_take_back(key, field, hits, count)
       if n == 1 and count > 0 then
-        local to_end = finish - now
-        replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
-          0, math.max(requests - count, 0), to_end, to_end
+        fixed_window_denied(now, finish, requests, count, replies, m)
         return true
       end
       fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
@@ -253,9 +259,7 @@ local function after_added(now, keys, k, nums, b, replies, m, field, hits, befor
                            finish)
   fixed_window_take_back(keys[k + 1], field, hits, before)
   if before > 0 then
-    local to_end = finish - now
-    replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
-      0, math.max(requests - before, 0), to_end, to_end
+    fixed_window_denied(now, finish, requests, before, replies, m)
     return
   end
   decide_group(now, keys, k, 1, nums, b, replies, m)
