@@ -108,8 +108,8 @@ local function fixed_window_denied(now, finish, requests, count, replies, m)
     0, math.max(requests - count, 0), to_end, to_end
 end
 
--- Takes back what fixed_windows added to the first `upto` checks, each within its limit: its
--- count before is what its verdict's remaining says. Keys are unique among them.
+-- Takes back what the fast path (in `batches`) added to the first `upto` checks, each within
+-- its limit: its count before is what its verdict's remaining says. Keys are unique among them.
 local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m)
   for i = 1, upto do
     local _, _, hits, requests, period, _, _, _, _, next_b = check_at(nums, b)

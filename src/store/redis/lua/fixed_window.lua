@@ -95,24 +95,14 @@ local function fixed_window_refund(key, now, hits, requests, period, burst, tick
   fixed_window_store(key, field, now, period, count, math.max(count - hits, 0), held)
 end
 
--- The fast path: a check that is not a cost limit and has hits adds them first, in one
--- command, where a decision otherwise reads (HGET) and then writes (HINCRBY); the count before
--- is the result less the hits. Where the window already counts (the common case) that is the
--- decision; where the count before was 0 the hash may not have held the window (a new window, a
--- stale one, the old form), so the addition is taken back and the general path decides.
+-- The fast path (run inline by batch.lua's `batches`): a check that is not a cost limit and has
+-- hits adds them first, in one command, where a decision otherwise reads (HGET) and then writes
+-- (HINCRBY); the count before is the result less the hits. Where the window already counts (the
+-- common case) that is the decision; where the count before was 0 the hash may not have held the
+-- window (a new window, a stale one, the old form), so the addition is taken back and the
+-- general path decides.
 
--- Adds `hits` to the current window: the count before, the window's field and its end; or,
--- where Redis refuses (a key of another type), nil and its error, raised by the caller once
--- it has taken back what the checks before added.
-local function fixed_window_add(key, now, hits, period)
-  local start, finish = window_of(now, period)
-  local field = fixed_window_field(start)
-  local counted = redis.pcall('HINCRBY', key, field, hits_arg(hits))
-  if type(counted) == 'table' then return nil, counted end
-  return counted - hits, field, finish
-end
-
--- Takes back what fixed_window_add added, exactly. From a count of 0: the hash holds one field
+-- Takes back what the fast path added, exactly. From a count of 0: the hash holds one field
 -- at most, so two fields mean the window's was new; a key without a TTL was made by the
 -- addition.
 local function fixed_window_take_back(key, field, hits, before)
