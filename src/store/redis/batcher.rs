@@ -233,12 +233,17 @@ mod tests {
         outcomes
     }
 
-    #[tokio::test]
-    async fn a_lone_group_leaves_alone_and_the_queue_leaves_together() {
+    /// A running batcher on a recording `send`, one call in flight at most.
+    fn running_one_at_a_time() -> (Arc<Batcher>, Calls, Arc<tokio::sync::Semaphore>) {
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
         tokio::spawn(worker);
-        let batcher = Arc::new(batcher);
+        (Arc::new(batcher), calls, release)
+    }
+
+    #[tokio::test]
+    async fn a_lone_group_leaves_alone_and_the_queue_leaves_together() {
+        let (batcher, calls, release) = running_one_at_a_time();
         let first = spawn_call(&batcher, group(1));
         // The first call is out (recorded) before any other group exists.
         while calls.lock().unwrap().is_empty() {
@@ -273,10 +278,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_group_that_arrives_while_the_first_gathers_leaves_with_it() {
-        let (send, calls, release) = recording();
-        let (batcher, worker) = Batcher::pair(send, 1, 64);
-        tokio::spawn(worker);
-        let batcher = Arc::new(batcher);
+        let (batcher, calls, release) = running_one_at_a_time();
         let first = spawn_call(&batcher, group(1));
         // The first group is with the worker, which is gathering: no call has left.
         tokio::task::yield_now().await;

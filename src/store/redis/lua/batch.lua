@@ -100,14 +100,6 @@ local function check_at(nums, b)
   return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
 end
 
--- A lone fixed window already at `count`, past what its hits allow: denied, its verdict written
--- to replies[m + 1 ..].
-local function fixed_window_denied(now, finish, requests, count, replies, m)
-  local to_end = finish - now
-  replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
-    0, math.max(requests - count, 0), to_end, to_end
-end
-
 -- Takes back what the fast path (in `batches`) added to the first `upto` checks, each within
 -- its limit: its count before is what its verdict's remaining says. Keys are unique among them.
 local function fixed_windows_take_back(now, keys, k, upto, nums, b, replies, m)
@@ -209,10 +201,20 @@ local function after_fast(now, keys, k, n, nums, b, replies, m, i, key, field, h
   if before ~= nil then fixed_window_take_back(key, field, hits, before) end
   fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
   if n == 1 and before ~= nil and before > 0 then
-    fixed_window_denied(now, finish, requests, before, replies, m)
+    local to_end = finish - now
+    replies[m + 1], replies[m + 2], replies[m + 3], replies[m + 4] =
+      0, math.max(requests - before, 0), to_end, to_end
     return
   end
   decide_group(now, keys, k, n, nums, b, replies, m)
+end
+
+-- Where check `i` of the fast path met an error (Redis refused its HINCRBY, or a calendar
+-- window does not hold Redis's time): what the checks before it added goes back, and the error
+-- is the group's.
+local function fast_refused(now, keys, k, i, nums, b, replies, m, err)
+  fixed_windows_take_back(now, keys, k, i - 1, nums, b, replies, m)
+  error(err, 0)
 end
 
 -- An error raised in a group (a redis.call's error is a table), as its reply: a string.
@@ -322,8 +324,7 @@ local function batches(keys, argv)
           local fine, start
           fine, start, finish = pcall(window_of, now, period)
           if not fine then
-            ok, e = pcall(fixed_windows_take_back, now, keys, k, i - 1, nums, at, replies, m)
-            if ok then ok, e = false, start end
+            ok, e = pcall(fast_refused, now, keys, k, i, nums, at, replies, m, start)
             break
           end
           field = fixed_window_field(start)
@@ -331,24 +332,22 @@ local function batches(keys, argv)
         end
         w_period, w_field, w_finish = period, field, finish
       end
-      local field, finish = w_field, w_finish
       local key = keys[k + i]
-      local counted = pcall_redis('HINCRBY', key, field, hits_arg(hits))
+      local counted = pcall_redis('HINCRBY', key, w_field, hits_arg(hits))
       if type(counted) == 'table' then
-        -- Redis refused (a key of another type): what the checks before added goes back.
-        ok, e = pcall(fixed_windows_take_back, now, keys, k, i - 1, nums, at, replies, m)
-        if ok then ok, e = false, counted end
+        -- Redis refused (a key of another type).
+        ok, e = pcall(fast_refused, now, keys, k, i, nums, at, replies, m, counted)
         break
       end
       local before = counted - hits
       if before <= 0 or before > requests - hits then
-        ok, e = pcall(after_fast, now, keys, k, n, nums, at, replies, m, i, key, field, hits,
-          before, requests, finish)
+        ok, e = pcall(after_fast, now, keys, k, n, nums, at, replies, m, i, key, w_field, hits,
+          before, requests, w_finish)
         break
       end
       local r = m + 4 * (i - 1)
       replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4] =
-        1, requests - counted, finish - now, 0
+        1, requests - counted, w_finish - now, 0
       c = next_c
     end
     if ok then
