@@ -551,10 +551,11 @@ impl RedisStore {
 
 /// Where requests' groups queue (see `batcher`). A standalone server (or Sentinel's master):
 /// one queue, a call in flight per connection. A cluster: a queue per slot with one call in
-/// flight. A call's keys must share a slot (a cluster refuses others, `allow-cross-slot-keys`
-/// or not, and keys a call does not declare are not safe while a slot moves), so the requests
-/// that leave together are those on one slot — a hot key, a tenant's `hash_tag` — and a master
-/// that stops answering holds up only its own slots' queues.
+/// flight. The keys a call declares must share a slot (a cluster refuses others,
+/// `allow-cross-slot-keys` or not), so the requests that leave together are those on one slot —
+/// a hot key, a tenant's `hash_tag` — and a master that stops answering holds up only its own
+/// slots' queues. (A call per master carrying other slots' keys undeclared is the way further:
+/// README, "Redis and Redis Cluster".)
 struct Queues {
     by_slot: Box<[std::sync::OnceLock<Batcher>]>,
     in_flight: usize,
