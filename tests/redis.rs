@@ -1510,6 +1510,109 @@ async fn on_a_cluster_requests_queue_per_slot() {
     assert_batched(admitted, fcalls() - before, "7 requests on one slot");
 }
 
+/// On a Redis Cluster the groups of every slot a master serves queue together once the masters
+/// are known: requests on eight values (eight slots) of one paused master leave in at most
+/// three FCALLs — the two a master may have out, then the queue — where a queue per slot sent
+/// eight; each is answered as its own request, and a key on another master is answered while
+/// that master is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_one_masters_slots_leave_together() {
+    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let cluster = RedisCluster::start_with(0, 15_000);
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = one_call_store(Topology::Cluster(cluster.urls()), &clock);
+    store.connect_ahead();
+    let known_by = Instant::now() + Duration::from_secs(10);
+    while !store.masters_known() {
+        assert!(Instant::now() < known_by, "the cluster's masters are read");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let engine = Engine::new(
+        load_texts([("b.yaml", RULES)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    let hits = |value: &str, hits: u64| Request {
+        domain: "b".into(),
+        descriptors: vec![descriptor(&[("a", value)], hits, false)],
+    };
+    // Values until eight are found on one master and one on another, each key's home read
+    // after its first hit.
+    let holder = |value: &str| -> usize {
+        let found: Vec<usize> = (0..cluster.nodes.len())
+            .filter(|&i| {
+                cluster.nodes[i]
+                    .cli(&["KEYS", "b:*"])
+                    .lines()
+                    .any(|k| k.ends_with(&format!("1:a{}:{value}#12*1#", value.len())))
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{value} on one master: {found:?}");
+        found[0]
+    };
+    let mut by_master: Vec<Vec<String>> = vec![Vec::new(); cluster.nodes.len()];
+    for i in 0..200 {
+        let v = format!("v{i}");
+        assert_eq!(engine.decide(&hits(&v, 1)).await.unwrap().code, Code::Ok);
+        by_master[holder(&v)].push(v);
+        if by_master.iter().filter(|vs| vs.len() >= 8).count() >= 1
+            && by_master.iter().filter(|vs| !vs.is_empty()).count() >= 2
+        {
+            break;
+        }
+    }
+    let hot = (0..by_master.len())
+        .find(|&m| by_master[m].len() >= 8)
+        .expect("eight values on one master");
+    let elsewhere = (0..by_master.len())
+        .find(|&m| m != hot && !by_master[m].is_empty())
+        .map(|m| by_master[m][0].clone())
+        .expect("a value on another master");
+    let values: Vec<String> = by_master[hot][..8].to_vec();
+    let fcalls = || commandstat(&cluster.nodes[hot].cli(&["INFO", "commandstats"]), "fcall");
+    let before = fcalls();
+
+    cluster.nodes[hot].pause();
+    // Each value was hit once (its limit is 2 a minute): one more hit fits, two do not.
+    let requests: Vec<Request> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| hits(v, 1 + (i as u64 % 2)))
+        .collect();
+    let mut queued = Vec::new();
+    for r in &requests {
+        queued.extend(sent(&engine, r, 1).await);
+    }
+    let answered =
+        tokio::time::timeout(Duration::from_secs(5), engine.decide(&hits(&elsewhere, 1)))
+            .await
+            .expect("answered while the other master is paused")
+            .unwrap();
+    assert_eq!(answered.code, Code::Ok, "{elsewhere}'s second hit fits");
+    cluster.nodes[hot].resume();
+
+    let codes: Vec<Code> = futures_util::future::join_all(queued)
+        .await
+        .into_iter()
+        .map(|d| d.unwrap().code)
+        .collect();
+    let expected: Vec<Code> = (0..8)
+        .map(|i| {
+            if i % 2 == 0 {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            }
+        })
+        .collect();
+    assert_eq!(codes, expected, "each request answered as its own");
+    let calls = fcalls() - before;
+    assert!(
+        (1..=3).contains(&calls),
+        "eight slots' requests in {calls} FCALLs: the two out, then the queue"
+    );
+}
+
 /// A request of fixed windows only (a per-second and a per-minute tier, with and without a
 /// shadow rule) takes batch.lua's fast path: each window adds its hits at once, and where one
 /// is new or over its limit everything is taken back and the general path decides. Memory and

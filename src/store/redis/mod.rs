@@ -6,8 +6,8 @@
 //! and is decided by one script, and no byte of a descriptor value can move a key or make two
 //! descriptors collide (the encoded key is length-prefixed). Checks are grouped by slot; the
 //! groups run concurrently, each in an FCALL it may share with other requests' groups of the
-//! same server (standalone) or slot (cluster) (the library loaded again when Redis lost it; EVALSHA
-//! of the same code where Redis has no Functions). When one group denies,
+//! same server (standalone) or master (cluster; see `Queues`) (the library loaded again when
+//! Redis lost it; EVALSHA of the same code where Redis has no Functions). When one group denies,
 //! the groups that consumed are refunded, so a denied request consumes nothing in the end; a
 //! concurrent request may see those hits for the length of one round trip (under-admission,
 //! never over-admission).
@@ -17,6 +17,7 @@
 //! script call, not for a TCP and TLS handshake.
 
 mod batcher;
+mod masters;
 mod script;
 mod sentinel;
 
@@ -35,8 +36,9 @@ use crate::clock::Clock;
 use crate::limiter::{Algorithm, Verdict};
 
 use batcher::{Batcher, CallFailure, GroupOutcome, Worker};
+use masters::{Masters, SLOTS, ToNode};
 pub use script::LIMITER_SCRIPT;
-use script::{Group, GroupAnswer, Limiter};
+use script::{Group, GroupAnswer, Keys, Limiter};
 
 /// Where the counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +98,20 @@ enum Connections {
     Cluster {
         client: ClusterClient,
         conn: ArcSwapOption<ClusterConnection>,
+        /// Each slot's master, as last read (see `masters`); None until read, and again after
+        /// a call to a master found it stale.
+        masters: ArcSwapOption<Masters>,
+        /// A background task is reading the masters.
+        mapping: AtomicBool,
     },
+}
+
+/// Which calls a group leaves in: its slot's (keys declared, routed by them) or a cluster
+/// master's (the groups of all its slots, keys undeclared, sent to its address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Slot(u16),
+    Master(u16),
 }
 
 /// Where a standalone pool connects.
@@ -112,9 +127,73 @@ impl Pool {
     fn reset(self: &Arc<Self>) {
         match &self.conns {
             Connections::Standalone { conns, .. } => conns.iter().for_each(|c| c.store(None)),
-            Connections::Cluster { conn, .. } => conn.store(None),
+            Connections::Cluster { conn, masters, .. } => {
+                conn.store(None);
+                masters.store(None);
+            }
         }
         self.fill_in_background();
+    }
+
+    /// The cluster's masters as last read; when none are known, starts reading them in the
+    /// background (on a connection already made) and answers None meanwhile.
+    fn masters(self: &Arc<Self>) -> Option<Arc<Masters>> {
+        let Connections::Cluster {
+            conn,
+            masters,
+            mapping,
+            ..
+        } = &self.conns
+        else {
+            return None;
+        };
+        if let Some(known) = masters.load_full() {
+            return Some(known);
+        }
+        let (Some(c), Ok(runtime)) = (conn.load_full(), tokio::runtime::Handle::try_current())
+        else {
+            return None;
+        };
+        let mut c = (*c).clone();
+        if mapping.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let pool = self.clone();
+        runtime.spawn(async move {
+            let read = tokio::time::timeout(
+                pool.connect_timeout,
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<redis::Value>(&mut c),
+            )
+            .await;
+            let Connections::Cluster {
+                masters, mapping, ..
+            } = &pool.conns
+            else {
+                return;
+            };
+            match read {
+                Ok(Ok(reply)) => match Masters::parse(&reply) {
+                    Ok(m) => masters.store(Some(Arc::new(m))),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the cluster's masters"),
+                },
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %RedisFailure::of(&e), "cannot read the cluster's masters yet")
+                }
+                Err(_) => tracing::debug!("reading the cluster's masters timed out"),
+            }
+            mapping.store(false, Ordering::Release);
+        });
+        None
+    }
+
+    /// Forgets the cluster's masters (a call to one found the map stale): the next group reads
+    /// them again, and groups go by slot meanwhile.
+    fn forget_masters(&self) {
+        if let Connections::Cluster { masters, .. } = &self.conns {
+            masters.store(None);
+        }
     }
 
     /// Starts making the missing connections on the current Tokio runtime (if any), unless a
@@ -159,7 +238,7 @@ impl Pool {
                 }
                 all
             }
-            Connections::Cluster { client, conn } => {
+            Connections::Cluster { client, conn, .. } => {
                 if conn.load().is_some() {
                     return true;
                 }
@@ -210,11 +289,13 @@ impl Pool {
         Ok(made)
     }
 
-    /// One call of the limiter carrying `groups`, on a connection of the pool.
+    /// One call of the limiter carrying `groups`, on a connection of the pool: to the server
+    /// their keys route to, or to master `lane`'s address as the map says now.
     async fn invoke(
         self: &Arc<Self>,
         limiter: &Limiter,
         groups: &[Group],
+        lane: Lane,
     ) -> redis::RedisResult<Vec<GroupAnswer>> {
         match &self.conns {
             Connections::Standalone {
@@ -238,9 +319,14 @@ impl Pool {
                         conn
                     }
                 };
-                limiter.run(&mut conn, groups).await
+                limiter.run(&mut conn, groups, Keys::Declared).await
             }
-            Connections::Cluster { client, conn } => {
+            Connections::Cluster {
+                client,
+                conn,
+                masters,
+                ..
+            } => {
                 let mut conn = match conn.load_full() {
                     Some(c) => (*c).clone(),
                     None => {
@@ -249,7 +335,27 @@ impl Pool {
                         c
                     }
                 };
-                limiter.run(&mut conn, groups).await
+                match lane {
+                    Lane::Slot(_) => limiter.run(&mut conn, groups, Keys::Declared).await,
+                    Lane::Master(number) => {
+                        let address = masters
+                            .load()
+                            .as_ref()
+                            .and_then(|m| m.address(number).cloned());
+                        let Some((host, port)) = address else {
+                            return Err(redis::RedisError::from((
+                                redis::ErrorKind::Client,
+                                "the cluster's masters are being read again",
+                            )));
+                        };
+                        let mut to_master = ToNode {
+                            conn: &mut conn,
+                            host,
+                            port,
+                        };
+                        limiter.run(&mut to_master, groups, Keys::Undeclared).await
+                    }
+                }
             }
         }
     }
@@ -259,8 +365,9 @@ impl Pool {
         self: &Arc<Self>,
         limiter: &Limiter,
         groups: &[Group],
+        lane: Lane,
     ) -> Vec<GroupOutcome> {
-        match self.invoke(limiter, groups).await {
+        match self.invoke(limiter, groups, lane).await {
             Ok(answers) => answers.into_iter().map(Ok).collect(),
             Err(e) => vec![Err(self.failure(&e)); groups.len()],
         }
@@ -426,6 +533,8 @@ impl RedisStore {
                     .build()
                     .map_err(url_error)?,
                 conn: ArcSwapOption::empty(),
+                masters: ArcSwapOption::empty(),
+                mapping: AtomicBool::new(false),
             },
         };
         let pool = Arc::new(Pool {
@@ -437,8 +546,8 @@ impl RedisStore {
         let limiter = Arc::new(Limiter::default());
         let queues = match &pool.conns {
             // One call in flight per connection, each carrying what queued meanwhile.
-            Connections::Standalone { conns, .. } => Queues::new(1, conns.len()),
-            Connections::Cluster { .. } => Queues::new(SLOTS, 1),
+            Connections::Standalone { conns, .. } => Queues::new(1, conns.len(), 0),
+            Connections::Cluster { .. } => Queues::new(SLOTS, 1, MASTER_LANES),
         };
         Ok(Self {
             pool,
@@ -482,6 +591,12 @@ impl RedisStore {
         self
     }
 
+    /// Whether a cluster's masters are known (so groups leave by master); when not, starts
+    /// reading them if a connection is made. Tests wait on it; false for a standalone server.
+    pub fn masters_known(&self) -> bool {
+        self.pool.masters().is_some()
+    }
+
     /// Tests only: this node's clock as calendar limits read it, apart from the script's (a
     /// node a little off Redis at a window's edge).
     pub fn with_node_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -519,7 +634,26 @@ impl RedisStore {
             push_check(&mut group.args, kind, c, node_now_us);
         }
         let call = async {
-            let answer = self.batcher(slot).call(group).await;
+            let answer = match self.lane(slot) {
+                lane @ Lane::Slot(_) => self.batcher(lane).call(group).await,
+                lane @ Lane::Master(_) => {
+                    let again = group.clone();
+                    match self.batcher(lane).call(group).await {
+                        // The master did not serve its slot, or the call to it failed (the map
+                        // may be stale, a master gone): by its slot, whose calls follow the
+                        // cluster's redirections, and the map is read again.
+                        Ok(Err(text)) if script::is_not_served(&text) => {
+                            self.pool.forget_masters();
+                            self.batcher(Lane::Slot(slot)).call(again).await
+                        }
+                        Err(CallFailure::Failed(_)) => {
+                            self.pool.forget_masters();
+                            self.batcher(Lane::Slot(slot)).call(again).await
+                        }
+                        other => other,
+                    }
+                }
+            };
             match answer {
                 Ok(Ok(reply)) => Ok(group_reply(reply, checks, indices)),
                 // The group's own error (its neighbours in the call were answered).
@@ -537,12 +671,31 @@ impl RedisStore {
         }
     }
 
-    /// The queue of a group of `slot`, made on first use with its worker spawned on that call's
-    /// runtime (a store can be made outside one).
-    fn batcher(&self, slot: u16) -> &Batcher {
-        let Queues { by_slot, in_flight } = &self.queues;
-        by_slot[usize::from(slot) % by_slot.len()].get_or_init(|| {
-            let (batcher, worker) = batcher_of(&self.pool, &self.limiter, *in_flight);
+    /// Where a group of `slot` leaves: its master's calls where the cluster's masters are known,
+    /// else its slot's (a standalone server's one queue is slot 0's).
+    fn lane(&self, slot: u16) -> Lane {
+        match self.pool.masters().and_then(|m| m.of(slot)) {
+            Some(master) if usize::from(master) < self.queues.by_master.len() => {
+                Lane::Master(master)
+            }
+            _ => Lane::Slot(slot),
+        }
+    }
+
+    /// The queue of `lane`, made on first use with its worker spawned on that call's runtime (a
+    /// store can be made outside one).
+    fn batcher(&self, lane: Lane) -> &Batcher {
+        let Queues {
+            by_slot,
+            in_flight,
+            by_master,
+        } = &self.queues;
+        let (cell, in_flight) = match lane {
+            Lane::Slot(slot) => (&by_slot[usize::from(slot) % by_slot.len()], *in_flight),
+            Lane::Master(m) => (&by_master[usize::from(m)], MASTER_IN_FLIGHT),
+        };
+        cell.get_or_init(|| {
+            let (batcher, worker) = batcher_of(&self.pool, &self.limiter, in_flight, lane);
             tokio::spawn(worker);
             batcher
         })
@@ -550,35 +703,51 @@ impl RedisStore {
 }
 
 /// Where requests' groups queue (see `batcher`). A standalone server (or Sentinel's master):
-/// one queue, a call in flight per connection. A cluster: a queue per slot with one call in
-/// flight. The keys a call declares must share a slot (a cluster refuses others,
-/// `allow-cross-slot-keys` or not), so the requests that leave together are those on one slot —
-/// a hot key, a tenant's `hash_tag` — and a master that stops answering holds up only its own
-/// slots' queues. (A call per master carrying other slots' keys undeclared is the way further:
-/// README, "Redis and Redis Cluster".)
+/// one queue, a call in flight per connection. A cluster: a queue per master, two calls in
+/// flight, once its masters are known (`masters`), and a queue per slot, one call in flight,
+/// before that and for a group a master refused. The keys a call declares must share a slot (a
+/// cluster refuses others, `allow-cross-slot-keys` or not), so a master's call declares none: it
+/// goes to the master's address with every group's keys after its numbers, and the master
+/// checks each access (the library is flagged `allow-cross-slot-keys`); a group it refuses (its
+/// slot moved or is moving) goes again on its slot's queue, whose calls declare their keys and
+/// follow MOVED and ASK, and the masters are read again. A master that stops answering holds up
+/// only its own queue.
 struct Queues {
     by_slot: Box<[std::sync::OnceLock<Batcher>]>,
     in_flight: usize,
+    /// A cluster's masters' queues, by their number in the map (see `masters`).
+    by_master: Box<[std::sync::OnceLock<Batcher>]>,
 }
 
 impl Queues {
-    fn new(queues: usize, in_flight: usize) -> Self {
+    fn new(queues: usize, in_flight: usize, masters: usize) -> Self {
+        let cells = |n| (0..n).map(|_| std::sync::OnceLock::new()).collect();
         Self {
-            by_slot: (0..queues).map(|_| std::sync::OnceLock::new()).collect(),
+            by_slot: cells(queues),
             in_flight,
+            by_master: cells(masters),
         }
     }
 }
 
-/// Slots in a Redis Cluster.
-const SLOTS: usize = 16_384;
+/// The most masters whose groups leave together; a cluster's further masters' groups leave by
+/// slot.
+const MASTER_LANES: usize = 256;
 
-/// A batcher whose calls go through `pool`, `in_flight` at once.
-fn batcher_of(pool: &Arc<Pool>, limiter: &Arc<Limiter>, in_flight: usize) -> (Batcher, Worker) {
+/// Calls out at once to one master (each carrying up to `MAX_GROUPS_PER_CALL` groups).
+const MASTER_IN_FLIGHT: usize = 2;
+
+/// A batcher whose calls go through `pool` to `lane`, `in_flight` at once.
+fn batcher_of(
+    pool: &Arc<Pool>,
+    limiter: &Arc<Limiter>,
+    in_flight: usize,
+    lane: Lane,
+) -> (Batcher, Worker) {
     let (pool, limiter) = (pool.clone(), limiter.clone());
     let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
         let (pool, limiter) = (pool.clone(), limiter.clone());
-        Box::pin(async move { pool.invoke_all(&limiter, &groups).await })
+        Box::pin(async move { pool.invoke_all(&limiter, &groups, lane).await })
     });
     Batcher::pair(send, in_flight, MAX_GROUPS_PER_CALL)
 }

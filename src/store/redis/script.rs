@@ -75,7 +75,8 @@ impl Default for Limiter {
         let script = redis::Script::new(LIMITER_SCRIPT);
         let name = format!("sluice_{}", &script.get_hash()[..16]);
         let library = format!(
-            "#!lua name={name}\n{}\nredis.register_function('{name}', batches)\n",
+            "#!lua name={name}\n{}\nredis.register_function{{function_name = '{name}', \
+             callback = batches, flags = {{ 'allow-cross-slot-keys' }}}}\n",
             body!()
         );
         Self {
@@ -88,14 +89,26 @@ impl Default for Limiter {
     }
 }
 
+/// How a call passes its keys to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// As the call's keys (`KEYS`): they share a slot, and a cluster client routes the call by
+    /// them (following MOVED and ASK).
+    Declared,
+    /// After the numbers, none declared: groups of several slots on the cluster master the call
+    /// is sent to, whose node checks each access (see `batch.lua`).
+    Undeclared,
+}
+
 impl Limiter {
     /// Runs `groups` on `conn` in one call: each group's answer, in order.
     pub async fn run(
         &self,
         conn: &mut (impl ConnectionLike + Send),
         groups: &[Group],
+        keys: Keys,
     ) -> RedisResult<Vec<GroupAnswer>> {
-        let replies = self.call(conn, groups).await?;
+        let replies = self.call(conn, groups, keys).await?;
         answers(replies, groups)
     }
 
@@ -103,9 +116,10 @@ impl Limiter {
         &self,
         conn: &mut (impl ConnectionLike + Send),
         call: &[Group],
+        keys: Keys,
     ) -> RedisResult<redis::Value> {
         if !self.scripts_only.load(Ordering::Relaxed) {
-            let fcall = self.command("FCALL", &self.name, call);
+            let fcall = self.command("FCALL", &self.name, call, keys);
             match fcall.query_async(conn).await {
                 Err(e) if is_missing_function(&e) => match self.load_and_call(conn, &fcall).await {
                     Ok(reply) => return reply,
@@ -118,7 +132,7 @@ impl Limiter {
                 other => return other,
             }
         }
-        let evalsha = self.command("EVALSHA", self.script.get_hash(), call);
+        let evalsha = self.command("EVALSHA", self.script.get_hash(), call, keys);
         match evalsha.query_async(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let _sha: String = redis::cmd("SCRIPT")
@@ -174,15 +188,20 @@ impl Limiter {
             .map(drop)
     }
 
-    /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments: every group's keys,
-    /// the number of groups, the call's time (its groups share one: see `batcher`), and every
-    /// group's header (checks, numbers) and numbers, packed into one argument.
-    fn command(&self, verb: &str, name: &str, groups: &[Group]) -> redis::Cmd {
+    /// `FCALL name` or `EVALSHA sha`, then the same keys and arguments: every group's keys
+    /// (declared, or after the rest), the number of groups, the call's time (its groups share
+    /// one: see `batcher`), and every group's header (checks, numbers) and numbers, packed into
+    /// one argument.
+    fn command(&self, verb: &str, name: &str, groups: &[Group], keys: Keys) -> redis::Cmd {
         let mut cmd = redis::cmd(verb);
-        let keys: usize = groups.iter().map(|g| g.keys.len()).sum();
-        cmd.arg(name).arg(keys);
-        for key in groups.iter().flat_map(|g| &g.keys) {
-            cmd.arg(key.as_slice());
+        cmd.arg(name);
+        if keys == Keys::Declared {
+            cmd.arg(groups.iter().map(|g| g.keys.len()).sum::<usize>());
+            for key in groups.iter().flat_map(|g| &g.keys) {
+                cmd.arg(key.as_slice());
+            }
+        } else {
+            cmd.arg(0);
         }
         let now = groups.first().and_then(|g| g.now);
         debug_assert!(
@@ -205,6 +224,11 @@ impl Limiter {
             None => cmd.arg(""),
         };
         cmd.arg(packed);
+        if keys == Keys::Undeclared {
+            for key in groups.iter().flat_map(|g| &g.keys) {
+                cmd.arg(key.as_slice());
+            }
+        }
         cmd
     }
 }
@@ -304,6 +328,13 @@ fn packed_answers(packed: &[u8], groups: &[Group]) -> RedisResult<Vec<GroupAnswe
 
 fn unexpected(what: String) -> RedisError {
     RedisError::from((ErrorKind::Client, "unexpected reply from the limiter", what))
+}
+
+/// A group's error text saying the node does not serve one of its keys (a call of undeclared
+/// keys sent to a master that no longer holds, or is still receiving, the key's slot): the
+/// group may go again on its slot (see `masters`).
+pub fn is_not_served(text: &str) -> bool {
+    text.contains("non local key")
 }
 
 /// The server answered, and it will not load the library: no such command, or not allowed.

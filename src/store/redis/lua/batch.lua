@@ -12,7 +12,11 @@
 -- fields, the four boundaries of its windows around the node's clock (see window_of), which
 -- take the place of the period. cap: an overdraft limit's most recorded usage (0: not an
 -- overdraft limit, see Limit); until: refunds only, applied only while now < until (0: always).
--- The keys are the groups' keys in order, a key per check.
+-- The keys are the groups' keys in order, a key per check. A call to a cluster master carrying
+-- several slots' groups declares no key and sends them after argv[3] instead (argv[4] ...):
+-- declared keys must share a slot, and Redis checks each access of a function flagged
+-- `allow-cross-slot-keys` against the slots its node serves, refusing the rest (the caller sends
+-- a refused group again on its slot: store::redis).
 --
 -- Why packed: each argument of a call costs Redis a string object, a Lua string (hashed and
 -- interned) and a `tonumber`; ~0.1 µs each, and a fixed-window group is six numbers. One
@@ -269,6 +273,11 @@ end
 local FIXED_ENFORCE, FIXED_SHADOW = FIXED_WINDOW + 8 * ENFORCE, FIXED_WINDOW + 8 * 2
 
 local function batches(keys, argv)
+  if #argv > 3 then
+    local undeclared = {}
+    for i = 4, #argv do undeclared[i - 3] = argv[i] end
+    keys = undeclared
+  end
   local now
   if argv[2] ~= '' then
     now = tonumber(argv[2])
