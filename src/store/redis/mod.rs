@@ -173,15 +173,19 @@ impl Pool {
             else {
                 return;
             };
+            let read = match read {
+                Ok(Ok(reply)) => Masters::parse(&reply).map_err(|e| e.to_string()),
+                Ok(Err(e)) => Err(RedisFailure::of(&e).0),
+                Err(_) => Err("no answer within the connect timeout".into()),
+            };
             match read {
-                Ok(Ok(reply)) => match Masters::parse(&reply) {
-                    Ok(m) => masters.store(Some(Arc::new(m))),
-                    Err(e) => tracing::warn!(error = %e, "cannot read the cluster's masters"),
-                },
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %RedisFailure::of(&e), "cannot read the cluster's masters yet")
+                Ok(m) => masters.store(Some(Arc::new(m))),
+                Err(e) => {
+                    // Groups go by slot meanwhile; a server that refuses CLUSTER SLOTS (an ACL)
+                    // is asked again a second later, not on every request.
+                    tracing::warn!(error = %e, "cannot read the cluster's masters; calls go by slot");
+                    tokio::time::sleep(MASTERS_RETRY).await;
                 }
-                Err(_) => tracing::debug!("reading the cluster's masters timed out"),
             }
             mapping.store(false, Ordering::Release);
         });
@@ -736,6 +740,9 @@ const MASTER_LANES: usize = 256;
 
 /// Calls out at once to one master (each carrying up to `MAX_GROUPS_PER_CALL` groups).
 const MASTER_IN_FLIGHT: usize = 2;
+
+/// After a failed read of the cluster's masters, how long before the next.
+const MASTERS_RETRY: Duration = Duration::from_secs(1);
 
 /// A batcher whose calls go through `pool` to `lane`, `in_flight` at once.
 fn batcher_of(
