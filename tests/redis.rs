@@ -1444,14 +1444,39 @@ async fn a_tier_redis_refuses_fails_the_request_and_consumes_nothing() {
     );
 }
 
-/// Waits until `store` knows the cluster's masters (its groups then leave by master).
-async fn masters_known(store: &RedisStore) {
+/// A cluster of three masters and an engine on it with `rules` (domain `b`, descriptor key
+/// `a`), its calls waiting on one another and the script's time pinned, once it knows the
+/// cluster's masters (its groups then leave by master).
+async fn cluster_engine(rules: &str) -> (RedisCluster, Engine<RedisStore>) {
+    let cluster = RedisCluster::start_with(0, 15_000);
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
+    let store = one_call_store(Topology::Cluster(cluster.urls()), &clock);
     store.connect_ahead();
     let by = Instant::now() + Duration::from_secs(10);
     while !store.masters_known() {
         assert!(Instant::now() < by, "the cluster's masters are read");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let engine = Engine::new(
+        load_texts([("b.yaml", rules)]).unwrap(),
+        store,
+        EngineSettings::default(),
+    );
+    (cluster, engine)
+}
+
+/// The node that holds descriptor `a`'s key for `value` (of `cluster_engine`'s rules), once hit.
+fn holder(cluster: &RedisCluster, value: &str) -> usize {
+    let found: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| {
+            cluster.nodes[i]
+                .cli(&["KEYS", "b:*"])
+                .lines()
+                .any(|k| k.ends_with(&format!("1:a{}:{value}#12*1#", value.len())))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{value} on one master: {found:?}");
+    found[0]
 }
 
 /// On a Redis Cluster the requests on a hot key queue on its master while its calls are out and
@@ -1459,31 +1484,15 @@ async fn masters_known(store: &RedisStore) {
 /// holds up only its own queue — a request on another master's slot is answered meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_hot_keys_requests_leave_together() {
-    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n";
-    let cluster = RedisCluster::start_with(0, 15_000);
-    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = one_call_store(Topology::Cluster(cluster.urls()), &clock);
-    masters_known(&store).await;
-    let engine = Engine::new(
-        load_texts([("b.yaml", RULES)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    );
+    let (cluster, engine) = cluster_engine(
+        "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 4}\n",
+    )
+    .await;
     let req = |value: &str| Request {
         domain: "b".into(),
         descriptors: vec![descriptor(&[("a", value)], 1, false)],
     };
-    let holder = |value: &str| -> usize {
-        let found: Vec<usize> = (0..cluster.nodes.len())
-            .filter(|&i| {
-                let keys = cluster.nodes[i].cli(&["KEYS", "b:*"]);
-                keys.lines()
-                    .any(|k| k.ends_with(&format!("1:a{}:{value}#12*1#", value.len())))
-            })
-            .collect();
-        assert_eq!(found.len(), 1, "{value} on one master: {found:?}");
-        found[0]
-    };
+    let holder = |value: &str| holder(&cluster, value);
     // The hot key, and a key on another master (every value is tried until one is).
     assert_eq!(engine.decide(&req("hot")).await.unwrap().code, Code::Ok);
     let hot_master = holder("hot");
@@ -1536,39 +1545,21 @@ async fn on_a_cluster_a_hot_keys_requests_leave_together() {
 /// that master is paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_one_masters_slots_leave_together() {
-    const RULES: &str = "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
-    let cluster = RedisCluster::start_with(0, 15_000);
-    let clock = Arc::new(ManualClock::new(1_800_000_000 * S));
-    let store = one_call_store(Topology::Cluster(cluster.urls()), &clock);
-    masters_known(&store).await;
-    let engine = Engine::new(
-        load_texts([("b.yaml", RULES)]).unwrap(),
-        store,
-        EngineSettings::default(),
-    );
+    let (cluster, engine) = cluster_engine(
+        "domain: b\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .await;
     let hits = |value: &str, hits: u64| Request {
         domain: "b".into(),
         descriptors: vec![descriptor(&[("a", value)], hits, false)],
     };
     // Values until eight are found on one master and one on another, each key's home read
     // after its first hit.
-    let holder = |value: &str| -> usize {
-        let found: Vec<usize> = (0..cluster.nodes.len())
-            .filter(|&i| {
-                cluster.nodes[i]
-                    .cli(&["KEYS", "b:*"])
-                    .lines()
-                    .any(|k| k.ends_with(&format!("1:a{}:{value}#12*1#", value.len())))
-            })
-            .collect();
-        assert_eq!(found.len(), 1, "{value} on one master: {found:?}");
-        found[0]
-    };
     let mut by_master: Vec<Vec<String>> = vec![Vec::new(); cluster.nodes.len()];
     for i in 0..200 {
         let v = format!("v{i}");
         assert_eq!(engine.decide(&hits(&v, 1)).await.unwrap().code, Code::Ok);
-        by_master[holder(&v)].push(v);
+        by_master[holder(&cluster, &v)].push(v);
         if by_master.iter().filter(|vs| vs.len() >= 8).count() >= 1
             && by_master.iter().filter(|vs| !vs.is_empty()).count() >= 2
         {

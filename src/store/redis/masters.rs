@@ -65,7 +65,7 @@ impl Masters {
                 (Ok(s), Ok(e)) if s <= e && e < SLOTS => (s, e),
                 _ => return Err(unexpected(range)),
             };
-            let number = match addresses.iter().position(|a| *a == (host.clone(), port)) {
+            let number = match addresses.iter().position(|(h, p)| *h == host && *p == port) {
                 Some(n) => n,
                 None => {
                     addresses.push((host, port));

@@ -135,29 +135,33 @@ impl Pool {
         self.fill_in_background();
     }
 
-    /// The cluster's masters as last read; when none are known, starts reading them in the
-    /// background (on a connection already made) and answers None meanwhile.
-    fn masters(self: &Arc<Self>) -> Option<Arc<Masters>> {
-        let Connections::Cluster {
-            conn,
-            masters,
-            mapping,
-            ..
-        } = &self.conns
-        else {
+    /// `look` at the cluster's masters as last read; None for a standalone server, or while
+    /// the masters are not known (their reading then starts: see `read_masters`).
+    fn with_masters<T>(self: &Arc<Self>, look: impl FnOnce(&Masters) -> T) -> Option<T> {
+        let Connections::Cluster { masters, .. } = &self.conns else {
             return None;
         };
-        if let Some(known) = masters.load_full() {
-            return Some(known);
+        let known = masters.load();
+        if known.is_none() {
+            self.read_masters();
         }
+        known.as_deref().map(look)
+    }
+
+    /// Starts reading the cluster's masters in the background, on a connection already made,
+    /// unless a task is at it already.
+    fn read_masters(self: &Arc<Self>) {
+        let Connections::Cluster { conn, mapping, .. } = &self.conns else {
+            return;
+        };
         let (Some(c), Ok(runtime)) = (conn.load_full(), tokio::runtime::Handle::try_current())
         else {
-            return None;
+            return;
         };
-        let mut c = (*c).clone();
         if mapping.swap(true, Ordering::AcqRel) {
-            return None;
+            return;
         }
+        let mut c = (*c).clone();
         let pool = self.clone();
         runtime.spawn(async move {
             let read = tokio::time::timeout(
@@ -189,7 +193,6 @@ impl Pool {
             }
             mapping.store(false, Ordering::Release);
         });
-        None
     }
 
     /// Forgets the cluster's masters (a call to one found the map stale): the next group reads
@@ -598,7 +601,7 @@ impl RedisStore {
     /// Whether a cluster's masters are known (so groups leave by master); when not, starts
     /// reading them if a connection is made. Tests wait on it; false for a standalone server.
     pub fn masters_known(&self) -> bool {
-        self.pool.masters().is_some()
+        self.pool.with_masters(|_| ()).is_some()
     }
 
     /// Tests only: this node's clock as calendar limits read it, apart from the script's (a
@@ -642,19 +645,20 @@ impl RedisStore {
                 lane @ Lane::Slot(_) => self.batcher(lane).call(group).await,
                 lane @ Lane::Master(_) => {
                     let again = group.clone();
-                    match self.batcher(lane).call(group).await {
-                        // The master did not serve its slot, or the call to it failed (the map
-                        // may be stale, a master gone): by its slot, whose calls follow the
-                        // cluster's redirections, and the map is read again.
-                        Ok(Err(text)) if script::is_not_served(&text) => {
-                            self.pool.forget_masters();
-                            self.batcher(Lane::Slot(slot)).call(again).await
-                        }
-                        Err(CallFailure::Failed(_)) => {
-                            self.pool.forget_masters();
-                            self.batcher(Lane::Slot(slot)).call(again).await
-                        }
-                        other => other,
+                    let answer = self.batcher(lane).call(group).await;
+                    // The master did not serve its slot, or the call to it failed (the map may
+                    // be stale, a master gone): by its slot, whose calls follow the cluster's
+                    // redirections, and the map is read again.
+                    let goes_again = match &answer {
+                        Ok(Err(text)) => script::is_not_served(text),
+                        Err(failure) => matches!(failure, CallFailure::Failed(_)),
+                        Ok(Ok(_)) => false,
+                    };
+                    if goes_again {
+                        self.pool.forget_masters();
+                        self.batcher(Lane::Slot(slot)).call(again).await
+                    } else {
+                        answer
                     }
                 }
             };
@@ -678,7 +682,7 @@ impl RedisStore {
     /// Where a group of `slot` leaves: its master's calls where the cluster's masters are known,
     /// else its slot's (a standalone server's one queue is slot 0's).
     fn lane(&self, slot: u16) -> Lane {
-        match self.pool.masters().and_then(|m| m.of(slot)) {
+        match self.pool.with_masters(|m| m.of(slot)).flatten() {
             Some(master) if usize::from(master) < self.queues.by_master.len() => {
                 Lane::Master(master)
             }

@@ -193,13 +193,16 @@ impl Limiter {
     /// one: see `batcher`), and every group's header (checks, numbers) and numbers, packed into
     /// one argument.
     fn command(&self, verb: &str, name: &str, groups: &[Group], keys: Keys) -> redis::Cmd {
+        let every_key = |cmd: &mut redis::Cmd| {
+            for key in groups.iter().flat_map(|g| &g.keys) {
+                cmd.arg(key.as_slice());
+            }
+        };
         let mut cmd = redis::cmd(verb);
         cmd.arg(name);
         if keys == Keys::Declared {
             cmd.arg(groups.iter().map(|g| g.keys.len()).sum::<usize>());
-            for key in groups.iter().flat_map(|g| &g.keys) {
-                cmd.arg(key.as_slice());
-            }
+            every_key(&mut cmd);
         } else {
             cmd.arg(0);
         }
@@ -225,9 +228,7 @@ impl Limiter {
         };
         cmd.arg(packed);
         if keys == Keys::Undeclared {
-            for key in groups.iter().flat_map(|g| &g.keys) {
-                cmd.arg(key.as_slice());
-            }
+            every_key(&mut cmd);
         }
         cmd
     }
