@@ -37,7 +37,7 @@
 -- FCALL (store::redis::batcher), so Redis's cost of a call (reading and parsing the command,
 -- starting the function, TIME, writing the reply) is paid once for them all.
 
-local ENFORCE, REFUND = 1, 3
+local ENFORCE, SHADOW, REFUND = 1, 2, 3
 local FIXED_WINDOW = 1
 
 local decide_of = {
@@ -270,7 +270,7 @@ end
 
 -- The head of a fixed-window check with no optional fields, enforced or shadow: the common
 -- check, its numbers read inline by `batches` (below).
-local FIXED_ENFORCE, FIXED_SHADOW = FIXED_WINDOW + 8 * ENFORCE, FIXED_WINDOW + 8 * 2
+local FIXED_ENFORCE, FIXED_SHADOW = FIXED_WINDOW + 8 * ENFORCE, FIXED_WINDOW + 8 * SHADOW
 
 local function batches(keys, argv)
   if #argv > 3 then
