@@ -100,9 +100,10 @@ pub struct ServeArgs {
     )]
     redis_url: String,
     /// Connections to a standalone Redis, each with one call of the limiter out at a time that
-    /// carries every request queued meanwhile (up to 64). Few is cheaper for Redis (fuller
-    /// calls); a distant Redis needs more: a node decides at most 64 × this ÷ the round trip
-    /// per second (128 000/s at 1 ms with 2). On a cluster: calls out at once per slot is 1.
+    /// carries every request queued meanwhile (up to 64); a second call goes out beside the
+    /// first only while 64 wait. A distant Redis needs more: a node decides at most 64 × this ÷
+    /// the round trip per second (128 000/s at 1 ms with 2). On a cluster: calls out at once per
+    /// slot is 1.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2)]
     redis_pool_size: usize,
     /// The most one Redis call may take before the failure policy answers (Envoy's default

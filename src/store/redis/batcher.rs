@@ -8,13 +8,20 @@
 //! for them all. Each group is still its own request: all-or-nothing on its own, answered on its
 //! own, its errors its own.
 //!
-//! How: a worker keeps at most `in_flight` calls outstanding (one per connection of the pool).
-//! A group that arrives while fewer are out leaves as soon as the runtime has taken two turns
-//! (see [`gather`]) with the groups that came with it — no timer, and at low load nothing
-//! measurable (p50 251 against 250 µs at 2 000 calls/s, BENCHMARKS.md); one that arrives while
-//! all are out waits in the queue, and when a call comes back the worker sends everything
+//! How: a group that arrives while no call is out leaves as soon as the runtime has taken two
+//! turns (see [`gather`]) with the groups that came with it — no timer, and at low load nothing
+//! measurable (p50 251 against 250 µs at 2 000 calls/s, BENCHMARKS.md). One that arrives while
+//! a call is out waits in the queue, and when the call comes back the worker sends everything
 //! queued (up to `max_groups`) as the next call. So batches grow with the load, by themselves.
-//! A group whose caller gave up (its timeout) before it left is dropped unsent.
+//! A further call (up to `in_flight`, one per connection of the pool) leaves while one is out
+//! only once a whole call's worth (`max_groups`) is waiting: that is when waiting would cap
+//! what the node decides (a distant Redis), and below it, a second call out would only split
+//! the queue. Splitting it cost more than it saved: on one core with Redis, two calls out at
+//! once (the second leaving as soon as its requests came) made sluice sleep and wake two to
+//! three times as often and both processes run colder, 9–28 % more CPU a decision at the same
+//! calls per FCALL (BENCHMARKS.md); what a request may wait instead is the rest of one round
+//! trip. A group whose caller gave up (its timeout) before it left is dropped
+//! unsent.
 //!
 //! As tower's `Buffer::pair`, [`Batcher::pair`] hands the worker back to its caller, which runs
 //! it (the store spawns it on first use: a store can be made outside a runtime).
@@ -22,9 +29,12 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::script::{Group, GroupAnswer};
 
@@ -59,23 +69,43 @@ struct Pending {
 /// The handle: submits a group and waits for its answer.
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
+    waiting: Arc<Waiting>,
+}
+
+/// The groups in the queue, counted apart from it so the worker, while a call is out, is woken
+/// only when a whole call's worth waits (not for each group).
+struct Waiting {
+    count: AtomicUsize,
+    full: Notify,
+    call_size: usize,
 }
 
 impl Batcher {
-    /// A handle and its worker, which sends with `send`, at most `in_flight` calls at once and
-    /// at most `max_groups` groups per call.
+    /// A handle and its worker, which sends with `send`, at most `in_flight` calls at once (a
+    /// second only while a whole call waits) and at most `max_groups` groups per call.
     pub fn pair(send: SendCall, in_flight: usize, max_groups: usize) -> (Self, Worker) {
         let (queue, pending) = mpsc::unbounded_channel();
-        let worker = run(pending, send, in_flight.max(1), max_groups.max(1));
-        (Self { queue }, Box::pin(worker))
+        let waiting = Arc::new(Waiting {
+            count: AtomicUsize::new(0),
+            full: Notify::new(),
+            call_size: max_groups.max(1),
+        });
+        let worker = run(pending, waiting.clone(), send, in_flight.max(1));
+        (Self { queue, waiting }, Box::pin(worker))
     }
 
     /// `group`'s answer, from the first call it can leave in.
     pub async fn call(&self, group: Group) -> GroupOutcome {
         let (answer, answered) = oneshot::channel();
-        self.queue
-            .send(Pending { group, answer })
-            .map_err(|_| CallFailure::Stopped)?;
+        // Counted before it is sent, so the worker never takes one it has not counted.
+        let before = self.waiting.count.fetch_add(1, Ordering::Relaxed);
+        if self.queue.send(Pending { group, answer }).is_err() {
+            self.waiting.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(CallFailure::Stopped);
+        }
+        if before + 1 == self.waiting.call_size {
+            self.waiting.full.notify_one();
+        }
         answered.await.unwrap_or(Err(CallFailure::Stopped))
     }
 }
@@ -94,33 +124,42 @@ async fn gather() {
 
 async fn run(
     mut pending: mpsc::UnboundedReceiver<Pending>,
+    waiting: Arc<Waiting>,
     send: SendCall,
     in_flight: usize,
-    max_groups: usize,
 ) {
+    let max_groups = waiting.call_size;
     let mut out = FuturesUnordered::new();
     let mut open = true;
     // A group of another time than the batch before it (pinned clocks, in tests): it starts
     // the next call, since a call's groups share one time (see `batch.lua`).
     let mut held: Option<Pending> = None;
     while open || !out.is_empty() || held.is_some() {
+        // A call may leave: none is out, or a whole call waits and another may go out.
+        let queued = waiting.count.load(Ordering::Relaxed) + usize::from(held.is_some());
+        let room = out.is_empty() || (out.len() < in_flight && queued >= max_groups);
         let first = match held.take() {
-            Some(first) if out.len() < in_flight => first,
-            waiting => {
-                held = waiting;
+            Some(first) if room => first,
+            held_back => {
+                held = held_back;
                 tokio::select! {
-                    // Answers first: a slot freed is what lets the queue leave.
+                    // Answers first: a call back is what lets the queue leave.
                     biased;
                     Some(()) = out.next(), if !out.is_empty() => continue,
-                    first = pending.recv(), if open && held.is_none() && out.len() < in_flight => {
+                    first = pending.recv(), if open && held.is_none() && room => {
                         match first {
-                            Some(first) => first,
+                            Some(first) => {
+                                waiting.count.fetch_sub(1, Ordering::Relaxed);
+                                first
+                            }
                             None => {
                                 open = false;
                                 continue;
                             }
                         }
                     }
+                    // A whole call's worth queued while one is out: look again.
+                    () = waiting.full.notified(), if open && !room && out.len() < in_flight => continue,
                     else => continue,
                 }
             }
@@ -130,10 +169,13 @@ async fn run(
         batch.push(first);
         while batch.len() < max_groups {
             match pending.try_recv() {
-                Ok(p) if p.group.now == batch[0].group.now => batch.push(p),
                 Ok(p) => {
-                    held = Some(p);
-                    break;
+                    waiting.count.fetch_sub(1, Ordering::Relaxed);
+                    if p.group.now != batch[0].group.now {
+                        held = Some(p);
+                        break;
+                    }
+                    batch.push(p);
                 }
                 Err(_) => break,
             }
@@ -320,6 +362,46 @@ mod tests {
         let (batcher, worker) = Batcher::pair(send, 1, 64);
         drop(worker);
         assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Stopped));
+    }
+
+    #[tokio::test]
+    async fn a_second_call_leaves_only_for_a_whole_calls_worth() {
+        let (send, calls, release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 2, 4);
+        tokio::spawn(worker);
+        let batcher = Arc::new(batcher);
+        let first = spawn_call(&batcher, group(1));
+        while calls.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Three queue while the first call is out: fewer than a call's worth, so they wait for
+        // it although a second call may be out.
+        let mut rest: Vec<_> = (2..=4).map(|n| spawn_call(&batcher, group(n))).collect();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*calls.lock().unwrap(), [vec![1]], "the three wait");
+        // A fourth makes a whole call: it leaves with them, the first still out.
+        rest.push(spawn_call(&batcher, group(5)));
+        while calls.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*calls.lock().unwrap(), [vec![1], vec![2, 3, 4, 5]]);
+        // Two out, the most: a further whole call waits for one to come back.
+        let more: Vec<_> = (6..=9).map(|n| spawn_call(&batcher, group(n))).collect();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(calls.lock().unwrap().len(), 2, "at most two calls out");
+        release.add_permits(3);
+        assert_eq!(first.await.unwrap(), Ok(Ok((0, vec![1]))));
+        for (n, r) in (2..=9).zip(rest.into_iter().chain(more)) {
+            assert_eq!(r.await.unwrap(), Ok(Ok((0, vec![n]))), "group {n}");
+        }
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [vec![1], vec![2, 3, 4, 5], vec![6, 7, 8, 9]]
+        );
     }
 
     #[tokio::test]

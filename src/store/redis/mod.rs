@@ -53,7 +53,8 @@ pub enum Topology {
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     pub topology: Topology,
-    /// Standalone: how many multiplexed connections requests are spread over.
+    /// Standalone: how many multiplexed connections requests are spread over (the most calls
+    /// out at once; the second only while a whole call waits, see `batcher`).
     pub pool_size: usize,
     /// Per script call.
     pub timeout: Duration,
@@ -742,7 +743,8 @@ impl Queues {
 /// slot.
 const MASTER_LANES: usize = 256;
 
-/// Calls out at once to one master (each carrying up to `MAX_GROUPS_PER_CALL` groups).
+/// Calls out at once to one master (each carrying up to `MAX_GROUPS_PER_CALL` groups; the
+/// second only while a whole call waits, see `batcher`).
 const MASTER_IN_FLIGHT: usize = 2;
 
 /// After a failed read of the cluster's masters, how long before the next.
