@@ -86,6 +86,11 @@ impl Leftover {
 pub struct Ask {
     pub extra: u64,
     pub give_back: Option<Leftover>,
+    /// The counter's live lease covers its check, and another check of the request is what
+    /// sends it to the backend: the lease stays as it is (not given back, not renewed), and the
+    /// check goes to the backend with its own hits, as a strict check would. Its hits are then
+    /// counted once, there, not taken from the lease.
+    pub kept: bool,
 }
 
 /// A leftover of a lease that ran out, with the counter it goes back to.
@@ -134,6 +139,15 @@ impl LeaseTable {
             && c.mode.unwrap_or(self.options.default_mode) == Mode::Hybrid
             && c.limit.algorithm.leasable()
             && c.limit.requests > 0
+    }
+
+    /// Whether `c` is hybrid and its counter's live lease holds its hits (as
+    /// `decide_locally` would take them).
+    fn covers(&self, c: &Check<'_>, now: u64) -> bool {
+        self.is_hybrid(c)
+            && self.entries.lock(c.key).get(c.key).is_some_and(|l| {
+                l.limit == *c.limit && now < l.use_until_us && l.left > 0 && l.left >= c.hits
+            })
     }
 
     /// Hits held in leases now (metrics, tests).
@@ -185,12 +199,27 @@ impl LeaseTable {
 
     /// What to ask the backend for each check: a lease sized from the node's recent rate, and
     /// the current lease's leftover back (it is replaced by the new one).
+    ///
+    /// A lease that covers its own check stays while another check of the request is what
+    /// sends it to the backend (see [`Ask::kept`]). Replaced instead, a counter every request
+    /// shares (a tenant's tier) lost its lease whenever any request's other counter renewed:
+    /// the requests in flight then missed it too and went to the backend, replacing it again,
+    /// and a two-tier load was decided mostly in Redis (BENCHMARKS.md).
     pub fn plan(&self, checks: &[Check<'_>], now: u64) -> Vec<Ask> {
+        let covered: Vec<bool> = checks.iter().map(|c| self.covers(c, now)).collect();
+        let keep_covered = covered.iter().any(|&covered| !covered);
         checks
             .iter()
-            .map(|c| {
+            .zip(covered)
+            .map(|(c, covered)| {
                 if !self.is_hybrid(c) {
                     return Ask::default();
+                }
+                if covered && keep_covered {
+                    return Ask {
+                        kept: true,
+                        ..Ask::default()
+                    };
                 }
                 let mut entries = self.entries.lock(c.key);
                 let Some(l) = entries.get_mut(c.key) else {
@@ -207,6 +236,7 @@ impl LeaseTable {
                     return Ask {
                         extra: 0,
                         give_back,
+                        kept: false,
                     };
                 }
                 let span = now.saturating_sub(l.last_call_us).max(MIN_RATE_SPAN_US);
@@ -226,6 +256,7 @@ impl LeaseTable {
                 Ask {
                     extra: by_rate.max(by_room).min(by_growth).min(by_share),
                     give_back,
+                    kept: false,
                 }
             })
             .collect()
@@ -258,6 +289,23 @@ impl LeaseTable {
                 continue;
             }
             let v = &mut verdicts[i];
+            if asks.get(i).is_some_and(|a| a.kept) {
+                // The lease stayed: only the backend's view is new. The check's hits, if
+                // admitted, are this node's traffic for the counter too.
+                if let Some(l) = entries.get_mut(c.key)
+                    && l.limit == *c.limit
+                {
+                    l.backend_remaining = v.remaining;
+                    l.reset_at_us = sent_at + v.reset_after_us;
+                    if outcome.allowed {
+                        l.used_since_call = l.used_since_call.saturating_add(c.hits);
+                    }
+                    if received_at < l.use_until_us {
+                        v.remaining = v.remaining.saturating_add(l.left);
+                    }
+                }
+                continue;
+            }
             let l = entries.entry(c.key.into()).or_insert_with(|| Lease {
                 limit: *c.limit,
                 tag: c.tag.into(),
@@ -540,6 +588,70 @@ mod tests {
             Some(2),
             "the old lease goes back"
         );
+    }
+
+    #[test]
+    fn a_lease_that_covers_its_check_stays_while_another_check_goes_to_the_backend() {
+        let clock = Arc::new(ManualClock::new(100 * S));
+        let t = table(&clock);
+        let limit = Limit::new(Algorithm::FixedWindow, 1_000_000, 60 * S, None).unwrap();
+        let shared = Check::enforce(b"tenant", &limit, 1);
+        let own = Check::enforce(b"client", &limit, 1);
+        // The shared counter gets a lease of FIRST_LEASE.
+        let asks = t.plan(&[shared], clock.now_micros());
+        t.learn(&[shared], &asks, &answer(true, 999_999, 100 * S), 100 * S);
+        clock.advance(1_000);
+        let asks = t.plan(&[shared], clock.now_micros());
+        assert_eq!(asks[0].extra, FIRST_LEASE);
+        t.learn(
+            &[shared],
+            &asks,
+            &answer(true, 999_000, 100 * S),
+            clock.now_micros(),
+        );
+        assert_eq!(t.held(), FIRST_LEASE);
+        // A request of both: the other counter has no lease, so it goes to the backend; the
+        // shared counter's lease stays and its check goes as it is.
+        let both = [own, shared];
+        assert!(t.decide_locally(&both, clock.now_micros()).is_none());
+        let asks = t.plan(&both, clock.now_micros());
+        assert!(!asks[0].kept);
+        assert!(asks[1].kept);
+        assert_eq!((asks[1].extra, asks[1].give_back.is_none()), (0, true));
+        assert_eq!(t.held(), FIRST_LEASE, "not given back");
+        let answered = Outcome {
+            allowed: true,
+            verdicts: vec![
+                Verdict {
+                    allowed: true,
+                    remaining: 999_999,
+                    reset_after_us: S,
+                    retry_after_us: 0,
+                },
+                Verdict {
+                    allowed: true,
+                    remaining: 998_999,
+                    reset_after_us: S,
+                    retry_after_us: 0,
+                },
+            ],
+            by_policy: false,
+            backend_now_us: vec![100 * S, 100 * S],
+        };
+        let v = t.learn(&both, &asks, &answered, clock.now_micros());
+        assert_eq!(
+            v[1].remaining,
+            998_999 + FIRST_LEASE,
+            "held hits count as remaining"
+        );
+        // The lease still admits on its own, all of it.
+        for _ in 0..FIRST_LEASE {
+            assert!(t.decide_locally(&[shared], clock.now_micros()).is_some());
+        }
+        assert!(t.decide_locally(&[shared], clock.now_micros()).is_none());
+        // A request the lease alone does not cover replaces it as before.
+        let asks = t.plan(&[shared], clock.now_micros());
+        assert!(!asks[0].kept);
     }
 
     #[test]
