@@ -348,8 +348,15 @@ impl LeaseTable {
                 l.window_end_us = window_end;
                 l.last_grant = extra;
                 v.remaining = v.remaining.saturating_add(l.left);
-            } else if !outcome.allowed {
-                l.last_grant = 0;
+            } else {
+                if !outcome.allowed {
+                    l.last_grant = 0;
+                }
+                // A live lease this call did not replace (one kept by the call before, when this
+                // is the request sent again alone): its held hits count as remaining.
+                if l.left > 0 && received_at < l.use_until_us {
+                    v.remaining = v.remaining.saturating_add(l.left);
+                }
             }
         }
         verdicts
