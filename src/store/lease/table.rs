@@ -48,6 +48,11 @@ struct Lease {
 }
 
 impl Lease {
+    /// Whether this lease may admit `c` now: its limit, live, with `c`'s hits left.
+    fn holds(&self, c: &Check<'_>, now: u64) -> bool {
+        self.limit == *c.limit && now < self.use_until_us && self.left >= c.hits
+    }
+
     /// The leftover, unless there is none or its window is surely over (Redis would drop it).
     fn leftover_to_give(&self, now: u64) -> Option<u64> {
         (self.left > 0 && now < self.window_over_us).then_some(self.left)
@@ -145,9 +150,11 @@ impl LeaseTable {
     /// `decide_locally` would take them).
     fn covers(&self, c: &Check<'_>, now: u64) -> bool {
         self.is_hybrid(c)
-            && self.entries.lock(c.key).get(c.key).is_some_and(|l| {
-                l.limit == *c.limit && now < l.use_until_us && l.left > 0 && l.left >= c.hits
-            })
+            && self
+                .entries
+                .lock(c.key)
+                .get(c.key)
+                .is_some_and(|l| l.left > 0 && l.holds(c, now))
     }
 
     /// Hits held in leases now (metrics, tests).
@@ -171,11 +178,10 @@ impl LeaseTable {
         }
         // Every shard of the batch at once, so the batch is all-or-nothing.
         let (mut guards, shard) = self.entries.lock_all(checks.iter().map(|c| c.key));
-        let fits = checks.iter().zip(&shard).all(|(c, &s)| {
-            guards[s]
-                .get(c.key)
-                .is_some_and(|l| l.limit == *c.limit && now < l.use_until_us && l.left >= c.hits)
-        });
+        let fits = checks
+            .iter()
+            .zip(&shard)
+            .all(|(c, &s)| guards[s].get(c.key).is_some_and(|l| l.holds(c, now)));
         if !fits {
             return None;
         }
@@ -289,39 +295,36 @@ impl LeaseTable {
                 continue;
             }
             let v = &mut verdicts[i];
-            if asks.get(i).is_some_and(|a| a.kept) {
-                // The lease stayed: only the backend's view is new. The check's hits, if
+            let kept = asks.get(i).is_some_and(|a| a.kept);
+            let l = if kept {
+                // The lease stayed: only the backend's view is new, and the check's hits, if
                 // admitted, are this node's traffic for the counter too.
-                if let Some(l) = entries.get_mut(c.key)
-                    && l.limit == *c.limit
-                {
-                    l.backend_remaining = v.remaining;
-                    l.reset_at_us = sent_at + v.reset_after_us;
-                    if outcome.allowed {
-                        l.used_since_call = l.used_since_call.saturating_add(c.hits);
-                    }
-                    if received_at < l.use_until_us {
-                        v.remaining = v.remaining.saturating_add(l.left);
-                    }
+                let Some(l) = entries.get_mut(c.key).filter(|l| l.limit == *c.limit) else {
+                    continue;
+                };
+                if outcome.allowed {
+                    l.used_since_call = l.used_since_call.saturating_add(c.hits);
                 }
-                continue;
-            }
-            let l = entries.entry(c.key.into()).or_insert_with(|| Lease {
-                limit: *c.limit,
-                tag: c.tag.into(),
-                left: 0,
-                use_until_us: 0,
-                window_end_us: 0,
-                window_over_us: 0,
-                backend_remaining: 0,
-                reset_at_us: 0,
-                last_call_us: sent_at,
-                used_since_call: 0,
-                last_grant: 0,
-            });
-            l.limit = *c.limit;
-            l.last_call_us = sent_at;
-            l.used_since_call = 0;
+                l
+            } else {
+                let l = entries.entry(c.key.into()).or_insert_with(|| Lease {
+                    limit: *c.limit,
+                    tag: c.tag.into(),
+                    left: 0,
+                    use_until_us: 0,
+                    window_end_us: 0,
+                    window_over_us: 0,
+                    backend_remaining: 0,
+                    reset_at_us: 0,
+                    last_call_us: sent_at,
+                    used_since_call: 0,
+                    last_grant: 0,
+                });
+                l.limit = *c.limit;
+                l.last_call_us = sent_at;
+                l.used_since_call = 0;
+                l
+            };
             l.reset_at_us = sent_at + v.reset_after_us;
             l.backend_remaining = v.remaining;
             let extra = asks.get(i).map_or(0, |a| a.extra);
@@ -349,11 +352,12 @@ impl LeaseTable {
                 l.last_grant = extra;
                 v.remaining = v.remaining.saturating_add(l.left);
             } else {
-                if !outcome.allowed {
+                if !outcome.allowed && !kept {
                     l.last_grant = 0;
                 }
-                // A live lease this call did not replace (one kept by the call before, when this
-                // is the request sent again alone): its held hits count as remaining.
+                // A live lease this call did not replace (kept, by this call or by the one
+                // before it when this is the request sent again alone): its held hits count as
+                // remaining.
                 if l.left > 0 && received_at < l.use_until_us {
                     v.remaining = v.remaining.saturating_add(l.left);
                 }
@@ -481,16 +485,24 @@ mod tests {
     }
 
     fn answer(allowed: bool, remaining: u64, backend_now: u64) -> Outcome {
+        answer_of(allowed, &[remaining], backend_now)
+    }
+
+    /// The backend's answer to a batch: `allowed`, each check's remaining, one time.
+    fn answer_of(allowed: bool, remaining: &[u64], backend_now: u64) -> Outcome {
         Outcome {
             allowed,
-            verdicts: vec![Verdict {
-                allowed,
-                remaining,
-                reset_after_us: S,
-                retry_after_us: 0,
-            }],
+            verdicts: remaining
+                .iter()
+                .map(|&remaining| Verdict {
+                    allowed,
+                    remaining,
+                    reset_after_us: S,
+                    retry_after_us: 0,
+                })
+                .collect(),
             by_policy: false,
-            backend_now_us: vec![backend_now],
+            backend_now_us: vec![backend_now; remaining.len()],
         }
     }
 
@@ -626,25 +638,7 @@ mod tests {
         assert!(asks[1].kept);
         assert_eq!((asks[1].extra, asks[1].give_back.is_none()), (0, true));
         assert_eq!(t.held(), FIRST_LEASE, "not given back");
-        let answered = Outcome {
-            allowed: true,
-            verdicts: vec![
-                Verdict {
-                    allowed: true,
-                    remaining: 999_999,
-                    reset_after_us: S,
-                    retry_after_us: 0,
-                },
-                Verdict {
-                    allowed: true,
-                    remaining: 998_999,
-                    reset_after_us: S,
-                    retry_after_us: 0,
-                },
-            ],
-            by_policy: false,
-            backend_now_us: vec![100 * S, 100 * S],
-        };
+        let answered = answer_of(true, &[999_999, 998_999], 100 * S);
         let v = t.learn(&both, &asks, &answered, clock.now_micros());
         assert_eq!(
             v[1].remaining,

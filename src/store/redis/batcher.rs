@@ -20,15 +20,13 @@
 //! once (the second leaving as soon as its requests came) made sluice sleep and wake two to
 //! three times as often and both processes run colder, 9–28 % more CPU a decision at the same
 //! calls per FCALL (BENCHMARKS.md); what a request may wait instead is the rest of one round
-//! trip. A group whose caller gave up (its timeout) before it left is dropped
-//! unsent.
+//! trip. A group whose caller gave up (its timeout) before it left is dropped unsent.
 //!
 //! As tower's `Buffer::pair`, [`Batcher::pair`] hands the worker back to its caller, which runs
 //! it (the store spawns it on first use: a store can be made outside a runtime).
 
 use std::future::Future;
 use std::pin::Pin;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
