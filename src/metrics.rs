@@ -482,7 +482,7 @@ impl Metrics {
         self.call_seconds.observe(took.as_secs_f64());
         let Some(decision) = decision else { return };
         for status in &decision.statuses {
-            self.observe_status(domain, status, decision.by_policy);
+            self.observe_status(domain, status, decision.decided_by.is_policy());
         }
     }
 

@@ -101,7 +101,8 @@ async fn until_on_redis(engine: &Engine<Stack>, request: &Request, deadline: Ins
         .decide(request)
         .await
         .expect("the policy answers")
-        .by_policy
+        .decided_by
+        .is_policy()
     {
         assert!(Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -190,7 +191,7 @@ impl Load {
                         figures.calls += 1;
                         figures.worst = figures.worst.max(ended - started);
                         let phase = phase.load(Ordering::Relaxed);
-                        if decision.by_policy {
+                        if decision.decided_by.is_policy() {
                             figures.by_policy += 1;
                             figures.last_by_policy = Some(ended);
                             match policy {
@@ -528,7 +529,7 @@ async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
     let mut admitted = 0;
     while by_redis < 60 {
         let decision = call("after").await;
-        if decision.by_policy {
+        if decision.decided_by.is_policy() {
             assert!(
                 healed.elapsed() < Duration::from_secs(1),
                 "still decided by policy {:?} after the failover",
@@ -574,7 +575,7 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     // Each node reaches Redis (a decision makes its connection), then beats until all three
     // see the fleet.
     for node in &nodes {
-        assert!(!node.decide(&hit()).await.unwrap().by_policy);
+        assert!(!node.decide(&hit()).await.unwrap().decided_by.is_policy());
     }
     for _ in 0..2 {
         for node in &nodes {
@@ -587,7 +588,10 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     for _ in 0..400 {
         for node in &nodes {
             let d = node.decide(&hit()).await.unwrap();
-            assert!(d.by_policy, "Redis is gone: the policy decides");
+            assert!(
+                d.decided_by.is_policy(),
+                "Redis is gone: the policy decides"
+            );
             admitted += u64::from(d.code == Code::Ok);
         }
     }
@@ -636,7 +640,10 @@ async fn a_redis_timeout_above_half_a_second_is_honoured() {
         let started = Instant::now();
         let decision = engine.decide(&request).await.unwrap();
         let took = started.elapsed();
-        assert!(decision.by_policy, "{what}: answered by the failure policy");
+        assert!(
+            decision.decided_by.is_policy(),
+            "{what}: answered by the failure policy"
+        );
         assert!(
             took >= LONG - Duration::from_millis(20),
             "{what}: the call was cut after {took:?}, before the {LONG:?} timeout"

@@ -524,7 +524,7 @@ async fn a_peek_reads_redis_with_leases_as_used_and_writes_nothing() {
     );
     // Five admitted, and whatever this node's lease took beyond them, are used in Redis.
     assert!(remaining <= 95, "{remaining} left of 100 after 5 hits");
-    assert!(!first.by_policy);
+    assert!(!first.decided_by.is_policy());
     let again = node.peek(&peek_of("hot")).await.unwrap();
     assert_eq!(
         again.descriptors[0].limits[0].1.remaining, remaining,

@@ -1010,20 +1010,35 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
     let engine = assemble(&store, rules);
     let breaker = || engine.upkeep.report().breaker.unwrap();
     assert!(
-        !engine.decide(&req("k")).await.unwrap().by_policy,
+        !engine
+            .decide(&req("k"))
+            .await
+            .unwrap()
+            .decided_by
+            .is_policy(),
         "on Redis"
     );
 
     redis.pause();
     for _ in 0..2 {
         assert!(
-            engine.decide(&req("k")).await.unwrap().by_policy,
+            engine
+                .decide(&req("k"))
+                .await
+                .unwrap()
+                .decided_by
+                .is_policy(),
             "timeout: policy"
         );
     }
     assert_eq!(breaker(), BreakerState::Open);
     assert!(
-        engine.decide(&req("k")).await.unwrap().by_policy,
+        engine
+            .decide(&req("k"))
+            .await
+            .unwrap()
+            .decided_by
+            .is_policy(),
         "open: policy at once"
     );
     breaker_clock.advance(cooldown.as_micros() as u64);
@@ -1044,7 +1059,7 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
     let resumed = Instant::now();
     loop {
         let d = engine.decide(&req("k")).await.unwrap();
-        if !d.by_policy {
+        if !d.decided_by.is_policy() {
             break;
         }
         assert!(

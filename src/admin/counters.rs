@@ -177,7 +177,7 @@ pub async fn answer<S: Store>(
         .collect();
     Ok(json!({
         "domain": request.domain,
-        "decided_by": if peek.by_policy { "failure_policy" } else { "backend" },
+        "decided_by": if peek.decided_by.is_policy() { "failure_policy" } else { "backend" },
         "descriptors": descriptors,
     }))
 }

@@ -15,7 +15,7 @@ pub use request::{
 
 use crate::limiter::{Algorithm, Limit, Verdict};
 use crate::rules::{Domain, KeyPart, Plan, PlanSource, Rule, RuleSet, Tier, Via};
-use crate::store::{Check, CheckKind, KeyBuf, Outcome, Rollback, Store, StoreError};
+use crate::store::{Check, CheckKind, DecidedBy, KeyBuf, Outcome, Rollback, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -586,8 +586,9 @@ pub fn explain<'r>(
 pub struct Peek {
     /// One per request descriptor.
     pub descriptors: Vec<Peeked>,
-    /// The backend could not answer: the verdicts are the failure policy's, not the counters'.
-    pub by_policy: bool,
+    /// The counters, or the failure policy when the backend could not answer (the verdicts are
+    /// then the policy's, not the counters').
+    pub decided_by: DecidedBy,
 }
 
 /// One descriptor's limits, as [`Engine::peek`] read them.
@@ -643,7 +644,7 @@ impl<S: Store> Engine<S> {
         }
         Ok(Peek {
             descriptors,
-            by_policy: outcome.by_policy,
+            decided_by: outcome.decided_by,
         })
     }
 }
@@ -721,7 +722,7 @@ fn report(
         code: if over { Code::OverLimit } else { Code::Ok },
         statuses,
         retry_after_us: if over { retry_after_us } else { None },
-        by_policy: outcome.by_policy,
+        decided_by: outcome.decided_by,
     }
 }
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::EngineError;
 use crate::rules::{Tier, Unit};
+use crate::store::DecidedBy;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Request {
@@ -127,8 +128,8 @@ pub struct Decision {
     pub statuses: Vec<Status>,
     /// When the request is OVER_LIMIT: the longest wait among the denying limits.
     pub retry_after_us: Option<u64>,
-    /// Decided by the failure policy because the backend could not answer.
-    pub by_policy: bool,
+    /// The counters, or the failure policy (with its mode) when the backend could not answer.
+    pub decided_by: DecidedBy,
 }
 
 impl Decision {
@@ -137,7 +138,7 @@ impl Decision {
             code: Code::Ok,
             statuses: vec![Status::ok_without_limit(); descriptors],
             retry_after_us: None,
-            by_policy: false,
+            decided_by: DecidedBy::Counters,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::proto::rlqs::{
     BucketAction, BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use crate::rules::RuleSet;
-use crate::store::{CheckKind, Store};
+use crate::store::{CheckKind, DecidedBy, Store};
 
 type Outbound = Result<RateLimitQuotaResponse, tonic::Status>;
 
@@ -681,8 +681,8 @@ async fn grant<S: Store>(
         let Some(status) = decision.statuses.first() else {
             return Granted::Unanswered;
         };
-        if decision.by_policy {
-            return match (bucket.resolved.failure_mode, status.code) {
+        if let DecidedBy::Policy(mode) = decision.decided_by {
+            return match (mode, status.code) {
                 (FailureMode::Allow, _) => Granted::PolicyAllow,
                 (FailureMode::Deny, _) => Granted::PolicyDeny,
                 // `local`: this node's own counters granted it (or not).

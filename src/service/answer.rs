@@ -243,6 +243,7 @@ mod tests {
     use crate::engine::{Code, StatusStats};
     use crate::rules::Unit;
     use crate::service::headers::LimitHeaderNames;
+    use crate::store::{DecidedBy, FailureMode};
     use proptest::prelude::*;
     use std::sync::Arc;
 
@@ -316,13 +317,17 @@ mod tests {
             codes(),
             proptest::collection::vec(statuses(), 0..6),
             proptest::option::of(any::<u64>()),
-            any::<bool>(),
+            proptest::option::of(proptest::sample::select(vec![
+                FailureMode::Allow,
+                FailureMode::Deny,
+                FailureMode::Local,
+            ])),
         )
-            .prop_map(|(code, statuses, retry_after_us, by_policy)| Decision {
+            .prop_map(|(code, statuses, retry_after_us, policy)| Decision {
                 code,
                 statuses,
                 retry_after_us,
-                by_policy,
+                decided_by: policy.map_or(DecidedBy::Counters, DecidedBy::Policy),
             })
     }
 

@@ -2,6 +2,7 @@ use prost::Message;
 
 use super::*;
 use crate::engine::{ReportedLimit, Status as DStatus};
+use crate::store::DecidedBy;
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();
@@ -124,7 +125,7 @@ fn decision(code: Code, statuses: Vec<DStatus>, retry: Option<u64>) -> Decision 
         code,
         statuses,
         retry_after_us: retry,
-        by_policy: false,
+        decided_by: DecidedBy::Counters,
     }
 }
 

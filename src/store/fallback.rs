@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Check, CheckKind, FailureMode, MemoryStore, Outcome, Store, StoreError};
+use super::{Check, CheckKind, DecidedBy, FailureMode, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::{Limit, Verdict};
 
 /// Retry-After for checks denied by the `deny` policy: the backend's state is unknown.
@@ -162,10 +162,17 @@ impl<S: Store> Fallback<S> {
         for ((i, _), v) in local.iter().zip(local_outcome.verdicts) {
             verdicts[*i] = v;
         }
+        let mode = if denied_by_policy {
+            FailureMode::Deny
+        } else if local.is_empty() {
+            FailureMode::Allow
+        } else {
+            FailureMode::Local
+        };
         Ok(Outcome {
             allowed: !denied_by_policy && local_outcome.allowed,
             verdicts,
-            by_policy: true,
+            decided_by: DecidedBy::Policy(mode),
             backend_now_us: Vec::new(),
         })
     }
@@ -233,7 +240,7 @@ mod tests {
         for i in 0..5 {
             let out = r.apply(&[check(&limit, None)]).await.unwrap();
             assert_eq!(out.allowed, i < 2, "local limits alone, call {i}");
-            assert!(out.by_policy);
+            assert!(out.decided_by.is_policy());
         }
         assert_eq!(r.decisions().get(), 5);
         let r = fallback(FailureMode::Allow);

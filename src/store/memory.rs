@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
-use super::{Check, CheckKind, Outcome, Store, StoreError};
+use super::{Check, CheckKind, DecidedBy, Outcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{self, State, Update, Verdict};
 
@@ -532,7 +532,7 @@ impl MemoryStore {
         Ok(Outcome {
             allowed,
             verdicts,
-            by_policy: false,
+            decided_by: DecidedBy::Counters,
             backend_now_us: Vec::new(),
         })
     }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::sharded::{SHARDS, Sharded};
-use super::{Check, CheckKind, Outcome, Store, StoreError};
+use super::{Check, CheckKind, DecidedBy, Outcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::limiter::{Limit, Verdict};
 
@@ -103,7 +103,7 @@ impl Denials {
     /// Learns from what the store answered to a call sent at `now`: denials are cached, a
     /// counter that was allowed or refunded is forgotten.
     fn learn(&self, checks: &[Check<'_>], outcome: &Outcome, now: u64) {
-        if outcome.by_policy {
+        if outcome.decided_by.is_policy() {
             return;
         }
         for (c, v) in checks.iter().zip(&outcome.verdicts) {
@@ -185,7 +185,7 @@ impl<S: Store> Store for OverLimitCache<S> {
             return Ok(Outcome {
                 allowed: false,
                 verdicts,
-                by_policy: false,
+                decided_by: DecidedBy::Counters,
                 backend_now_us: Vec::new(),
             });
         }

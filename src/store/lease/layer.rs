@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::table::{Ask, LeaseTable, Returned};
-use crate::store::{Check, CheckKind, Outcome, Store, StoreError};
+use crate::store::{Check, CheckKind, DecidedBy, Outcome, Store, StoreError};
 
 /// The layer: hybrid checks are decided from leases when they hold enough, else by one call to
 /// the inner store that also takes new leases (and gives the old leftovers back). Strict
@@ -62,7 +62,7 @@ impl<S: Store> Leases<S> {
             return Ok(Outcome {
                 allowed: true,
                 verdicts,
-                by_policy: false,
+                decided_by: DecidedBy::Counters,
                 backend_now_us: Vec::new(),
             });
         }
@@ -155,7 +155,7 @@ impl<S: Store> Leases<S> {
         Outcome {
             allowed: outcome.allowed,
             verdicts,
-            by_policy: outcome.by_policy,
+            decided_by: outcome.decided_by,
             backend_now_us,
         }
     }

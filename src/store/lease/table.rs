@@ -400,7 +400,7 @@ impl LeaseTable {
     /// changes the counter a lease reports from. (A live lease on the counter was absorbed into
     /// the refund; one past its deadline is not this node's to count.)
     pub fn learn_refunds(&self, checks: &[Check<'_>], outcome: &Outcome) {
-        if outcome.by_policy {
+        if outcome.decided_by.is_policy() {
             return;
         }
         for (c, v) in checks.iter().zip(&outcome.verdicts) {
@@ -462,6 +462,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::limiter::Algorithm;
+    use crate::store::DecidedBy;
 
     const S: u64 = 1_000_000;
 
@@ -501,7 +502,7 @@ mod tests {
                     retry_after_us: 0,
                 })
                 .collect(),
-            by_policy: false,
+            decided_by: DecidedBy::Counters,
             backend_now_us: vec![backend_now; remaining.len()],
         }
     }
