@@ -1,10 +1,12 @@
 //! The lease layer: decides hybrid batches from leases, or sends one backend call that takes
 //! new leases and gives old leftovers back; and [`GiveBack`], which returns what ran out.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::table::{Ask, LeaseTable, Returned};
+use super::table::{Ask, LeaseTable, Leftover, Returned};
+use crate::limiter::Verdict;
 use crate::store::{Check, CheckKind, DecidedBy, Outcome, Store, StoreError};
 
 /// The layer: hybrid checks are decided from leases when they hold enough, else by one call to
@@ -15,23 +17,6 @@ pub struct Leases<S> {
     /// Shared with [`GiveBack`], which refunds leftovers through it.
     inner: Arc<S>,
     table: Arc<LeaseTable>,
-}
-
-/// The checks of `checks` on the counter of check `i` (same key and limit), `i` excluded.
-fn same_counter<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
-    let (key, limit) = (checks[i].key, checks[i].limit);
-    (0..checks.len()).filter(move |&j| j != i && checks[j].key == key && checks[j].limit == limit)
-}
-
-/// The request's refunds of check `i`'s counter.
-fn refunds_of<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
-    same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund)
-}
-
-/// The hits the request itself gives back to check `i`'s counter (as sent by the caller, before
-/// any lease was absorbed into them).
-fn own_refunds(original: &[Check<'_>], i: usize) -> u64 {
-    refunds_of(original, i).fold(0u64, |sum, r| sum.saturating_add(original[r].hits))
 }
 
 impl<S: Store> Leases<S> {
@@ -52,13 +37,14 @@ impl<S: Store> Leases<S> {
 
     /// Hybrid checks: from the leases when they hold enough; else one backend call that also
     /// takes new leases, and when those do not fit, a second call for the request alone.
-    async fn apply_hybrid(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
-        let leases = &self.table;
-        let original = checks;
-        let absorbed = leases.absorb_into_refunds(original);
-        let checks = absorbed.as_deref().unwrap_or(original);
-        let now = leases.now();
-        if let Some(verdicts) = leases.decide_locally(checks, now) {
+    async fn apply_hybrid(&self, request: &[Check<'_>]) -> Result<Outcome, StoreError> {
+        let table = &self.table;
+        let checks = match table.absorb_into_refunds(request) {
+            Some(absorbed) => Cow::Owned(absorbed),
+            None => Cow::Borrowed(request),
+        };
+        let now = table.now();
+        if let Some(verdicts) = table.decide_locally(&checks, now) {
             return Ok(Outcome {
                 allowed: true,
                 verdicts,
@@ -66,132 +52,14 @@ impl<S: Store> Leases<S> {
                 backend_now_us: Vec::new(),
             });
         }
-        let asks = leases.plan(checks, now);
-        let outcome = self.send_with_leases(original, checks, &asks).await?;
-        let asked = asks.iter().any(|a| a.extra > 0);
-        if outcome.allowed || !asked {
-            return Ok(self.learn_leases(original, checks, &asks, outcome, now));
-        }
-        leases.learn_refunds(checks, &outcome);
-        self.send_alone(original, checks, outcome, now).await
-    }
-
-    /// One backend call: each check with its lease's extra hits, and the old leases' leftovers
-    /// given back in the same call (under their own, maybe old, limit). `original` is the
-    /// request as sent, `checks` it with live leases absorbed into its refunds.
-    async fn send_with_leases(
-        &self,
-        original: &[Check<'_>],
-        checks: &[Check<'_>],
-        asks: &[Ask],
-    ) -> Result<Outcome, StoreError> {
-        let mut sent: Vec<Check<'_>> = checks
-            .iter()
-            .zip(asks)
-            .map(|(c, a)| Check {
-                hits: c.hits.saturating_add(a.extra),
-                ..*c
-            })
-            .collect();
-        // The old leases' leftovers go back in the same call (their limit is the old one).
-        let mut given_back = Vec::new();
-        for (i, (c, a)) in checks.iter().zip(asks).enumerate() {
-            if let Some(leftover) = &a.give_back {
-                given_back.push((i, sent.len()));
-                sent.push(Check {
-                    on_failure: c.on_failure,
-                    mode: c.mode,
-                    ..leftover.refund(c.key, c.tag)
-                });
+        let mut sent = Sent::with_leases(table, request, checks, now);
+        loop {
+            let outcome = self.inner.apply(&sent.call()).await?;
+            match sent.answer(table, outcome) {
+                Answer::Done(outcome) => return Ok(outcome),
+                Answer::Again(alone) => sent = alone,
             }
         }
-        let mut outcome = self.inner.apply(&sent).await?;
-        // Refunds are applied last: a given-back leftover's verdict is the counter's final
-        // state (unless the limit changed: the leftover went back to the old limit), which the
-        // request's refunds of that counter report too. Its own check reports that state
-        // before the request's refunds, as every store reports a batch.
-        for &(i, k) in &given_back {
-            if sent[k].limit == checks[i].limit {
-                let final_remaining = outcome.verdicts[k].remaining;
-                for r in refunds_of(checks, i) {
-                    outcome.verdicts[r].remaining = final_remaining;
-                }
-                outcome.verdicts[i].remaining =
-                    final_remaining.saturating_add(own_refunds(original, i));
-            }
-        }
-        Ok(outcome)
-    }
-
-    /// The leases fit (or none was asked): the table learns them, and each check reports as a
-    /// status counts: this node's held hits as remaining.
-    fn learn_leases(
-        &self,
-        original: &[Check<'_>],
-        checks: &[Check<'_>],
-        asks: &[Ask],
-        outcome: Outcome,
-        now: u64,
-    ) -> Outcome {
-        let leases = &self.table;
-        let mut verdicts = leases.learn(checks, asks, &outcome, now);
-        // After `learn`: a refund's verdict is the counter's final state, later than the
-        // charge's.
-        leases.learn_refunds(checks, &outcome);
-        // A refund of a counter the request also charges: the lease it absorbed was held,
-        // not admitted, so the charge reports without it; the refund reports the final
-        // state with the new lease (this node's hits) counted, as every status counts one.
-        for r in (0..checks.len()).filter(|&r| checks[r].kind == CheckKind::Refund) {
-            let taken = checks[r].hits.saturating_sub(original[r].hits);
-            for i in same_counter(checks, r).filter(|&i| checks[i].kind != CheckKind::Refund) {
-                verdicts[i].remaining = verdicts[i].remaining.saturating_add(taken);
-                if outcome.allowed {
-                    verdicts[r].remaining = verdicts[r].remaining.saturating_add(asks[i].extra);
-                }
-            }
-        }
-        let mut backend_now_us = outcome.backend_now_us;
-        backend_now_us.truncate(checks.len());
-        Outcome {
-            allowed: outcome.allowed,
-            verdicts,
-            decided_by: outcome.decided_by,
-            backend_now_us,
-        }
-    }
-
-    /// The leases did not fit: the request alone, exactly. Every refund (the request's own and
-    /// the old leases') and every cost limit's charge was applied by the `first` call: now they
-    /// only look, and a charge reports what the first call decided.
-    async fn send_alone(
-        &self,
-        original: &[Check<'_>],
-        checks: &[Check<'_>],
-        first: Outcome,
-        now: u64,
-    ) -> Result<Outcome, StoreError> {
-        let leases = &self.table;
-        let alone: Vec<Check<'_>> = checks.iter().map(Check::again).collect();
-        let outcome = self.inner.apply(&alone).await?;
-        let mut verdicts = leases.learn(checks, &[], &outcome, now);
-        for (i, c) in checks.iter().enumerate() {
-            if c.kind == CheckKind::Refund {
-                continue;
-            }
-            if c.always_applied() {
-                verdicts[i] = first.verdicts[i];
-                continue;
-            }
-            // This call saw the request's own refunds of the counter already applied; a batch
-            // reports its checks before its refunds.
-            verdicts[i].remaining = verdicts[i]
-                .remaining
-                .saturating_sub(own_refunds(original, i));
-        }
-        Ok(Outcome {
-            verdicts,
-            ..outcome
-        })
     }
 }
 
@@ -205,6 +73,189 @@ impl<S: Store> Store for Leases<S> {
         let outcome = self.inner.apply(checks).await?;
         self.table.learn_refunds(checks, &outcome);
         Ok(outcome)
+    }
+}
+
+/// A hybrid request on its way to the backend, as a value (as `Rollback` is): the request as
+/// the caller sent it, the same with live leases absorbed into its refunds, what each check
+/// asked of a lease and which old leftovers go back with it. [`Sent::answer`] turns the
+/// backend's outcome into the caller's; it is the one place a `remaining` is adjusted.
+struct Sent<'r, 'c> {
+    /// The request as the caller sent it.
+    request: &'r [Check<'c>],
+    /// The request with live leases absorbed into its refunds (see
+    /// `LeaseTable::absorb_into_refunds`): what the backend is asked to apply.
+    checks: Cow<'r, [Check<'c>]>,
+    /// One per check: the extra hits asked for a lease, the old lease's leftover given back, or
+    /// the live lease kept.
+    asks: Vec<Ask>,
+    /// The local clock when the request was first sent (a lease's deadline counts from it).
+    sent_at: u64,
+    pass: Pass,
+}
+
+enum Pass {
+    /// Each check with its lease's extra hits, the old leftovers given back after them.
+    WithLeases,
+    /// The leases did not fit: the request alone, exactly. What the first call applied for
+    /// good (every refund, every cost limit's charge) only looks now, and a charge reports what
+    /// the first call decided (`first`).
+    Alone { first: Vec<Verdict> },
+}
+
+/// What the backend's answer to a [`Sent`] batch means for the caller.
+enum Answer<'r, 'c> {
+    Done(Outcome),
+    /// The leases did not fit: send the request alone.
+    Again(Sent<'r, 'c>),
+}
+
+/// The checks of `checks` on the counter of check `i` (same key and limit), `i` excluded.
+fn same_counter<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
+    let (key, limit) = (checks[i].key, checks[i].limit);
+    (0..checks.len()).filter(move |&j| j != i && checks[j].key == key && checks[j].limit == limit)
+}
+
+/// The request's refunds of check `i`'s counter.
+fn refunds_of<'a>(checks: &'a [Check<'_>], i: usize) -> impl Iterator<Item = usize> + 'a {
+    same_counter(checks, i).filter(|&r| checks[r].kind == CheckKind::Refund)
+}
+
+impl<'r, 'c> Sent<'r, 'c> {
+    /// The first call: each hybrid check asks for a lease sized by the table.
+    fn with_leases(
+        table: &LeaseTable,
+        request: &'r [Check<'c>],
+        checks: Cow<'r, [Check<'c>]>,
+        now: u64,
+    ) -> Self {
+        let asks = table.plan(&checks, now);
+        Self {
+            request,
+            checks,
+            asks,
+            sent_at: now,
+            pass: Pass::WithLeases,
+        }
+    }
+
+    /// The batch the backend applies: the checks, then the leftovers given back (under their
+    /// own, maybe old, limit; applied last, as every store applies refunds).
+    fn call(&self) -> Vec<Check<'_>> {
+        let mut call: Vec<Check<'_>> = match self.pass {
+            Pass::WithLeases => self
+                .checks
+                .iter()
+                .zip(&self.asks)
+                .map(|(c, a)| Check {
+                    hits: c.hits.saturating_add(a.extra),
+                    ..*c
+                })
+                .collect(),
+            Pass::Alone { .. } => self.checks.iter().map(Check::again).collect(),
+        };
+        for (i, leftover) in self.given_back() {
+            let c = &self.checks[i];
+            call.push(Check {
+                on_failure: c.on_failure,
+                mode: c.mode,
+                ..leftover.refund(c.key, c.tag)
+            });
+        }
+        call
+    }
+
+    /// The checks whose old lease's leftover goes back in this call, with it, in call order.
+    fn given_back(&self) -> impl Iterator<Item = (usize, &Leftover)> + '_ {
+        self.asks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.give_back.as_ref().map(|g| (i, g)))
+    }
+
+    /// The hits the request itself gives back to check `i`'s counter (as the caller sent them,
+    /// before any lease was absorbed into them).
+    fn own_refunds(&self, i: usize) -> u64 {
+        refunds_of(self.request, i).fold(0u64, |sum, r| sum.saturating_add(self.request[r].hits))
+    }
+
+    /// The backend's outcome as the caller's. A status counts this node's held hits as
+    /// remaining; a batch reports each check before the request's own refunds, and a refund the
+    /// counter's final state. The table learns what the backend said; when the leases asked
+    /// for did not fit, the request goes again alone.
+    fn answer(self, table: &LeaseTable, mut outcome: Outcome) -> Answer<'r, 'c> {
+        let n = self.checks.len();
+        // The old leases' leftovers went back after the request's checks: a refund of the
+        // counter reports the state after them, the counter's charge the state before the
+        // request's own refunds (unless the limit changed: the leftover went to the old limit).
+        for (k, (i, leftover)) in self.given_back().enumerate() {
+            if leftover.limit != *self.checks[i].limit {
+                continue;
+            }
+            let final_remaining = outcome.verdicts[n + k].remaining;
+            for r in refunds_of(&self.checks, i) {
+                outcome.verdicts[r].remaining = final_remaining;
+            }
+            outcome.verdicts[i].remaining = final_remaining.saturating_add(self.own_refunds(i));
+        }
+        let first_pass = matches!(self.pass, Pass::WithLeases);
+        let asked = self.asks.iter().any(|a| a.extra > 0);
+        if first_pass && !outcome.allowed && asked {
+            table.learn_refunds(&self.checks, &outcome);
+            return Answer::Again(Sent {
+                asks: vec![Ask::default(); n],
+                pass: Pass::Alone {
+                    first: outcome.verdicts,
+                },
+                ..self
+            });
+        }
+        let held = table.learn(&self.checks, &self.asks, &outcome, self.sent_at);
+        if first_pass {
+            // After `learn`: a refund's verdict is the counter's final state, later than the
+            // charge's.
+            table.learn_refunds(&self.checks, &outcome);
+        }
+        outcome.verdicts.truncate(n);
+        outcome.backend_now_us.truncate(n);
+        let verdicts = &mut outcome.verdicts;
+        for (v, held) in verdicts.iter_mut().zip(held) {
+            v.remaining = v.remaining.saturating_add(held);
+        }
+        match &self.pass {
+            Pass::WithLeases => {
+                // A refund of a counter the request also charges: the lease it absorbed was
+                // held, not admitted, so the charge reports without it; the refund reports the
+                // final state with the new lease (this node's hits) counted.
+                for r in (0..n).filter(|&r| self.checks[r].kind == CheckKind::Refund) {
+                    let taken = self.checks[r].hits.saturating_sub(self.request[r].hits);
+                    for i in same_counter(&self.checks, r)
+                        .filter(|&i| self.checks[i].kind != CheckKind::Refund)
+                    {
+                        verdicts[i].remaining = verdicts[i].remaining.saturating_add(taken);
+                        if outcome.allowed {
+                            verdicts[r].remaining =
+                                verdicts[r].remaining.saturating_add(self.asks[i].extra);
+                        }
+                    }
+                }
+            }
+            Pass::Alone { first } => {
+                for (i, c) in self.checks.iter().enumerate() {
+                    if c.kind == CheckKind::Refund {
+                        continue;
+                    }
+                    if c.always_applied() {
+                        verdicts[i] = first[i];
+                        continue;
+                    }
+                    // This call saw the request's own refunds of the counter already applied.
+                    verdicts[i].remaining =
+                        verdicts[i].remaining.saturating_sub(self.own_refunds(i));
+                }
+            }
+        }
+        Answer::Done(outcome)
     }
 }
 

@@ -270,15 +270,16 @@ impl LeaseTable {
 
     /// Learns from the backend's answer to a batch sent at `sent_at` with `asks`: an allowed
     /// batch grants every extra asked, and each hybrid counter's view of the backend is updated.
-    /// Returns the verdicts as this node reports them (what it holds counts as remaining).
+    /// Returns, per check, the hits this node holds in the counter's live lease afterwards: a
+    /// status counts them as remaining.
     pub fn learn(
         &self,
         checks: &[Check<'_>],
         asks: &[Ask],
         outcome: &Outcome,
         sent_at: u64,
-    ) -> Vec<Verdict> {
-        let mut verdicts = outcome.verdicts[..checks.len()].to_vec();
+    ) -> Vec<u64> {
+        let mut held = vec![0; checks.len()];
         // Redis decided before the answer arrived: no earlier than `sent_at`, no later than now.
         let received_at = self.now();
         for (i, c) in checks.iter().enumerate() {
@@ -294,7 +295,7 @@ impl LeaseTable {
                 // here would cost every new counter the whole table).
                 continue;
             }
-            let v = &mut verdicts[i];
+            let v = &outcome.verdicts[i];
             let kept = asks.get(i).is_some_and(|a| a.kept);
             let l = if kept {
                 // The lease stayed: only the backend's view is new, and the check's hits, if
@@ -350,7 +351,7 @@ impl LeaseTable {
                 }
                 l.window_end_us = window_end;
                 l.last_grant = extra;
-                v.remaining = v.remaining.saturating_add(l.left);
+                held[i] = l.left;
             } else {
                 if !outcome.allowed && !kept {
                     l.last_grant = 0;
@@ -359,11 +360,11 @@ impl LeaseTable {
                 // before it when this is the request sent again alone): its held hits count as
                 // remaining.
                 if l.left > 0 && received_at < l.use_until_us {
-                    v.remaining = v.remaining.saturating_add(l.left);
+                    held[i] = l.left;
                 }
             }
         }
-        verdicts
+        held
     }
 
     /// A refund of a counter this node holds a live lease on takes the lease back first, in the
@@ -577,17 +578,13 @@ mod tests {
         clock.advance(1_000);
         let asks = t.plan(&[c], clock.now_micros());
         assert_eq!(asks[0].extra, FIRST_LEASE);
-        let v = t.learn(
+        let held = t.learn(
             &[c],
             &asks,
             &answer(true, 999_000, 100 * S),
             clock.now_micros(),
         );
-        assert_eq!(
-            v[0].remaining,
-            999_000 + FIRST_LEASE,
-            "held hits count as remaining"
-        );
+        assert_eq!(held, [FIRST_LEASE], "the lease's hits are held here");
         for _ in 0..FIRST_LEASE {
             assert!(t.decide_locally(&[c], clock.now_micros()).is_some());
         }
@@ -640,11 +637,11 @@ mod tests {
         assert_eq!((asks[1].extra, asks[1].give_back.is_none()), (0, true));
         assert_eq!(t.held(), FIRST_LEASE, "not given back");
         let answered = answer_of(true, &[999_999, 998_999], 100 * S);
-        let v = t.learn(&both, &asks, &answered, clock.now_micros());
+        let held = t.learn(&both, &asks, &answered, clock.now_micros());
         assert_eq!(
-            v[1].remaining,
-            998_999 + FIRST_LEASE,
-            "held hits count as remaining"
+            held,
+            [0, FIRST_LEASE],
+            "the kept lease's hits are still held"
         );
         // The lease still admits on its own, all of it.
         for _ in 0..FIRST_LEASE {
