@@ -7,7 +7,9 @@
 
 use std::fmt::Write;
 
-use crate::engine::{self, Descriptor, ExplainedDescriptor, Limits, MatchedBy, Request};
+use crate::engine::{
+    self, Descriptor, Enforcement, ExplainedDescriptor, Limits, MatchedBy, Request,
+};
 use crate::rules::{PlanSource, RuleSet};
 use crate::store::redis::redis_key;
 
@@ -78,9 +80,9 @@ pub fn explain_buckets(
             .collect();
         let resolved = match crate::rlqs::resolve(
             rules,
+            &engine::EngineSettings::default(),
             domain,
             &pairs,
-            false,
             crate::counter::FailureMode::default(),
         ) {
             Ok(r) => r,
@@ -108,13 +110,13 @@ pub fn explain_buckets(
         {
             let _ = writeln!(out, "  {line}");
         }
-        let assignment = match resolved.kind {
-            crate::rlqs::Kind::Allow => "ALLOW_ALL (renewed with each report)".to_owned(),
-            crate::rlqs::Kind::Shadow => {
+        let assignment = match resolved.enforcement() {
+            Enforcement::Unlimited => "ALLOW_ALL (renewed with each report)".to_owned(),
+            Enforcement::Shadow => {
                 "ALLOW_ALL; what the Envoy reports it admitted is counted (shadow mode)".to_owned()
             }
-            crate::rlqs::Kind::Limited => {
-                let windowed = resolved.limits.iter().all(|l| l.algorithm.leasable());
+            Enforcement::Limited => {
+                let windowed = resolved.limits().iter().all(|l| l.algorithm.leasable());
                 format!(
                     "token buckets drawn from the limits above, {}",
                     if windowed {

@@ -1,7 +1,8 @@
 //! What the rules and the stores agree a counter is, so that neither imports the other: its
 //! identity (the storage key, from the descriptor's [`KeyPart`]s and the limit's [`Unit`]),
 //! its period (checked: [`period_us`]), and the per-rule settings a store acts on
-//! ([`FailureMode`], [`Mode`], and whether an algorithm may be leased at all).
+//! ([`FailureMode`], [`Mode`]). Whether an algorithm may be leased is the algorithm's own fact
+//! ([`crate::limiter::Algorithm::leasable`]).
 //!
 //! Dependencies run one way: `limiter` (the arithmetic) ← `counter` ← `rules`, `store` ←
 //! `engine`.

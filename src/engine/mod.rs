@@ -3,6 +3,7 @@
 //! all-or-nothing, and report a status per descriptor. No protobuf here.
 
 mod request;
+mod resolved;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use arc_swap::ArcSwap;
 pub use request::{
     Bounds, Code, Decision, Descriptor, LimitOverride, ReportedLimit, Request, Status, StatusStats,
 };
+pub use resolved::{Applied, Enforcement, ResolvedDescriptor, resolve_descriptor};
 
 use crate::limiter::{Algorithm, Limit, Verdict};
 use crate::rules::{Domain, KeyPart, Plan, PlanSource, Rule, RuleSet, Tier, Via};
@@ -665,12 +667,7 @@ fn report(
         let slot = &mut chosen[p.descriptor];
         let better = match slot {
             None => true,
-            Some((_, cur)) => match (v.allowed, cur.allowed) {
-                (false, true) => true,
-                (false, false) => v.retry_after_us > cur.retry_after_us,
-                (true, true) => v.remaining < cur.remaining,
-                (true, false) => false,
-            },
+            Some((_, cur)) => tighter(v, cur),
         };
         if better {
             *slot = Some((p, *v));
@@ -723,6 +720,17 @@ fn report(
         statuses,
         retry_after_us: if over { retry_after_us } else { None },
         decided_by: outcome.decided_by,
+    }
+}
+
+/// Whether verdict `v` decides a descriptor rather than `cur`: a denial over an allowance, the
+/// denial that waits longest, else the allowance with the least remaining.
+fn tighter(v: &Verdict, cur: &Verdict) -> bool {
+    match (v.allowed, cur.allowed) {
+        (false, true) => true,
+        (false, false) => v.retry_after_us > cur.retry_after_us,
+        (true, true) => v.remaining < cur.remaining,
+        (true, false) => false,
     }
 }
 

@@ -24,10 +24,14 @@
 //!    into [`decide`] and [`refund`]; a new [`State`] shape needs the memory store's `Kind`
 //!    (2 bits, all four used: widen `KIND_BITS`, checked at compile time) and its `Log`-style
 //!    handling if it is not three words.
-//! 2. Lua: its twin in `src/store/redis/lua/` and its branch in `batch.lua`'s dispatch on the
-//!    head's algorithm id (`store::redis::script` loads the files).
-//! 3. Twins: its state generator in `tests/twins.rs` (an exhaustive `match`) and a
-//!    `with_redis(Algorithm::…)` test there; `every_algorithm_is_proven` names a missing one.
+//! 2. Lua: its twin in `src/store/redis/lua/`, named in the include list of `body!` in
+//!    `store::redis::script` (the test `every_lua_file_is_in_the_body` fails otherwise), and its
+//!    functions at its id's place in `batch.lua`'s dispatch tables (`decide_of`, `commit_of`,
+//!    `refund_of`; `dispatch_tables_have_an_entry_per_algorithm` counts them).
+//! 3. Twins: its state generator in `tests/twins.rs` (an exhaustive `match`) and a test in
+//!    `twin_tests!(PROVEN, ...)` there; if it counts past its limit
+//!    ([`Algorithm::counts_past_limit`]), one in `twin_tests!(PROVEN_OVERDRAFT, ...)` too.
+//!    `every_algorithm_is_proven` names a missing one.
 //! 4. Docs: the README's algorithm table and the rules' schema text (`rules::parse`); the test
 //!    `readme_names_every_algorithm` names a missing one.
 
@@ -97,8 +101,14 @@ impl Algorithm {
 
     /// Whether the algorithm computes with products of time and counts, in ticks (see
     /// `Limit::tick_us`); the others count whole windows or keep stamps.
-    pub fn has_ticks(self) -> bool {
-        !matches!(self, Algorithm::FixedWindow | Algorithm::SlidingLog)
+    pub const fn has_ticks(self) -> bool {
+        match self {
+            Algorithm::FixedWindow | Algorithm::SlidingLog => false,
+            Algorithm::SlidingWindow
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => true,
+        }
     }
 
     /// Whether `burst` means something for this algorithm: it keeps a level that drains

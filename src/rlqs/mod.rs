@@ -54,7 +54,7 @@ pub use policy::{
     Assigned, BLANKET_TTL_US, ENVOY_REPORT_INTERVAL_US, Fleet, Holding, MAX_GRANT, Step, Treatment,
     Usage, period_end_us, ttl_seconds,
 };
-pub use stream::{Kind, Resolved, Session, resolve};
+pub use stream::{Resolved, Session, resolve};
 
 use crate::clock::Clock;
 use crate::counter::FailureMode;

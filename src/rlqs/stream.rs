@@ -15,13 +15,13 @@ use super::policy::{Assigned, BLANKET_TTL_US, Fleet, Holding, Step, Treatment, U
 use super::{AssignmentKind, CounterId, Refusal, Shared, period_end_us, ttl_seconds, wire};
 use crate::clock::MICROS_PER_SECOND;
 use crate::counter::FailureMode;
-use crate::engine::{self, Code, EngineError, Limits};
+use crate::engine::{self, Enforcement, EngineError, EngineSettings, ResolvedDescriptor};
 use crate::limiter::Limit;
 use crate::proto::rlqs::{
-    BucketAction, BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use crate::rules::RuleSet;
-use crate::store::{CheckKind, DecidedBy, Store};
+use crate::store::{DecidedBy, Store};
 
 type Outbound = Result<RateLimitQuotaResponse, tonic::Status>;
 
@@ -88,24 +88,14 @@ async fn serve<S: Store>(
 }
 
 /// How the rules treat a bucket: what the explain tool prints and the stream acts on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Resolved {
     /// The bucket's entries in the order the rules nest them; None when no rule matches.
     pub entries: Option<Vec<(String, String)>>,
-    /// The matched rule's path.
-    pub rule: Option<String>,
-    pub kind: Kind,
-    /// The limits a grant is drawn from (the ones `replaces` drops left out).
-    pub limits: Vec<Limit>,
-    /// What to assign when the backend cannot answer.
+    /// What the engine resolved those entries to: the checks a grant or a charge applies.
+    pub descriptor: Option<ResolvedDescriptor>,
+    /// What to assign when the backend cannot answer (the rule's, else the default).
     pub failure_mode: FailureMode,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Allow,
-    Shadow,
-    Limited,
 }
 
 impl Resolved {
@@ -113,22 +103,31 @@ impl Resolved {
     fn allowed(failure_mode: FailureMode) -> Self {
         Self {
             entries: None,
-            rule: None,
-            kind: Kind::Allow,
-            limits: Vec::new(),
+            descriptor: None,
             failure_mode,
         }
     }
 
+    pub fn enforcement(&self) -> Enforcement {
+        self.descriptor
+            .as_ref()
+            .map_or(Enforcement::Unlimited, |d| d.enforcement)
+    }
+
+    /// The limits a grant is drawn from.
+    pub fn limits(&self) -> &[Limit] {
+        self.descriptor.as_ref().map_or(&[], |d| &d.limits)
+    }
+
     pub fn treatment(&self, now_us: u64) -> Treatment {
-        match self.kind {
-            Kind::Allow => Treatment::Allow,
-            Kind::Shadow => Treatment::Shadow,
-            Kind::Limited => match period_end_us(&self.limits, now_us) {
+        match self.enforcement() {
+            Enforcement::Unlimited => Treatment::Allow,
+            Enforcement::Shadow => Treatment::Shadow,
+            Enforcement::Limited => match period_end_us(self.limits(), now_us) {
                 Some(period_end_us) => Treatment::Limited {
                     period_end_us,
                     rate: self
-                        .limits
+                        .limits()
                         .iter()
                         .map(|l| l.requests as f64 * 1e6 / l.period_us as f64)
                         .fold(f64::INFINITY, f64::min),
@@ -139,58 +138,30 @@ impl Resolved {
     }
 }
 
-/// How `rules` treat a bucket of `domain` with these entries (a map: any order). The entries
-/// are matched as one descriptor, ordered as the rules nest them (`Domain::order_entries`).
+/// How `rules` treat a bucket of `domain` with these entries (a map: any order) under
+/// `settings`. The entries are matched as one descriptor, ordered as the rules nest them
+/// (`Domain::order_entries`), and resolved by the engine once.
 pub fn resolve(
     rules: &RuleSet,
+    settings: &EngineSettings,
     domain: &str,
     entries: &[(&str, &str)],
-    global_shadow: bool,
     default_failure_mode: FailureMode,
 ) -> Result<Resolved, EngineError> {
     let Some(ordered) = rules.domain(domain).and_then(|d| d.order_entries(entries)) else {
         return Ok(Resolved::allowed(default_failure_mode));
     };
-    let request = engine::Request {
-        domain: domain.to_owned(),
-        descriptors: vec![engine::Descriptor::of(&ordered, 0)],
-    };
-    let explained = engine::explain(rules, &request)?;
-    let Some(descriptor) = explained.descriptors.first() else {
+    let entries: Vec<(String, String)> = ordered
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let Some(descriptor) = engine::resolve_descriptor(rules, settings, domain, &entries)? else {
         return Ok(Resolved::allowed(default_failure_mode));
     };
-    let entries = Some(
-        ordered
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    );
-    let rule = descriptor.rule;
-    let failure_mode = rule
-        .and_then(|r| r.failure_mode)
-        .unwrap_or(default_failure_mode);
-    let kind = match descriptor.limits {
-        Limits::None | Limits::Unlimited => Kind::Allow,
-        Limits::Tiers(_) | Limits::Override(_) => {
-            if global_shadow || rule.is_some_and(|r| r.shadow_mode) {
-                Kind::Shadow
-            } else {
-                Kind::Limited
-            }
-        }
-    };
-    let limits = descriptor
-        .checks
-        .iter()
-        .filter(|c| !c.replaced && c.kind == CheckKind::Enforce)
-        .map(|c| c.tier.limit)
-        .collect();
     Ok(Resolved {
-        entries,
-        rule: rule.map(|r| r.path.clone()),
-        kind,
-        limits,
-        failure_mode,
+        entries: Some(entries),
+        failure_mode: descriptor.failure_mode.unwrap_or(default_failure_mode),
+        descriptor: Some(descriptor),
     })
 }
 
@@ -251,76 +222,27 @@ impl<S: Store> Session<S> {
     }
 
     /// Answers one message of reports: the actions to send back, or the error that ends the
-    /// stream (no domain, another domain, more buckets than a stream may hold).
+    /// stream (no domain, another domain, more buckets than a stream may hold). Each bucket's
+    /// usage is validated, the policy steps from it, and the step is executed.
     pub async fn report(
         &mut self,
         reports: RateLimitQuotaUsageReports,
     ) -> Result<Vec<BucketAction>, tonic::Status> {
+        self.validate(&reports)?;
         let shared = self.shared.clone();
-        if reports.domain.is_empty() {
-            self.observe(|o| o.refused(Refusal::NoDomain));
-            return Err(tonic::Status::invalid_argument(
-                "the usage reports name no domain",
-            ));
-        }
-        match &self.domain {
-            None => self.domain = Some(reports.domain.clone()),
-            Some(d) if *d != reports.domain => {
-                self.observe(|o| o.refused(Refusal::DomainChanged));
-                return Err(tonic::Status::invalid_argument(format!(
-                    "the stream's domain is {d:?}; a report named {:?} (one stream per domain)",
-                    reports.domain
-                )));
-            }
-            Some(_) => {}
-        }
-        let options = &shared.options;
-        if reports.bucket_quota_usages.len() > options.max_buckets_per_stream {
-            self.observe(|o| o.refused(Refusal::TooManyBuckets));
-            return Err(tonic::Status::resource_exhausted(format!(
-                "a report of {} buckets; a stream holds at most {} (--rlqs-max-buckets-per-stream)",
-                reports.bucket_quota_usages.len(),
-                options.max_buckets_per_stream
-            )));
-        }
         let domain = reports.domain;
         let rules = shared.engine.rules();
-        let configured = rules.domain(&domain).is_some();
         let now = shared.clock.now_micros();
-        let bounds = shared.engine.settings().bounds;
         let (mut allowed, mut denied) = (0u64, 0u64);
         let mut actions = Vec::new();
         let mut abandoned = Vec::new();
         for usage in reports.bucket_quota_usages {
-            let Some(id) = usage.bucket_id.filter(|id| !id.bucket.is_empty()) else {
-                self.observe(|o| o.refused(Refusal::EmptyBucketId));
+            let Some((counter, id, usage)) = self.validate_usage(&domain, usage) else {
                 continue;
             };
-            // A count past 2^53 − 1 (2^53 requests in one report) is never a real one — one past
-            // i64 is a negative number sent as unsigned — and the counters charge hits exactly
-            // only below it (the Lua twins compute in doubles).
-            let limit = crate::limiter::EXACT_MAX - 1;
-            if usage.num_requests_allowed > limit || usage.num_requests_denied > limit {
-                self.observe(|o| o.refused(Refusal::CountOutOfRange));
-                continue;
-            }
-            // The same bounds as a descriptor's (the map's entries, sorted).
-            let counter: CounterId = (domain.clone(), sorted(&id));
-            if bounds.check_entries(0, &counter.1).is_err() {
-                self.observe(|o| o.refused(Refusal::BucketIdTooLarge));
-                continue;
-            }
+            allowed = allowed.saturating_add(usage.allowed);
+            denied = denied.saturating_add(usage.denied);
             let fresh = !self.buckets.contains_key(&counter);
-            if fresh && !self.admit_bucket() {
-                continue;
-            }
-            allowed = allowed.saturating_add(usage.num_requests_allowed);
-            denied = denied.saturating_add(usage.num_requests_denied);
-            let usage = Usage {
-                allowed: usage.num_requests_allowed,
-                denied: usage.num_requests_denied,
-                elapsed_us: wire::elapsed_us(usage.time_elapsed.as_ref()),
-            };
             let bucket = match self.buckets.entry(counter.clone()) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
@@ -343,7 +265,7 @@ impl<S: Store> Session<S> {
             {
                 // Admitted by the Envoy's no-assignment behaviour before any grant: counted,
                 // so later grants leave room for it.
-                charge(&shared, &domain, &bucket.resolved, usage.allowed).await;
+                charge(&shared, &bucket.resolved, usage.allowed).await;
             }
             let fleet = fleet_of(&shared, &counter, treatment);
             let before = bucket.holding.demand;
@@ -353,7 +275,7 @@ impl<S: Store> Session<S> {
                 now,
                 treatment,
                 fleet,
-                options.idle_reports_to_abandon,
+                shared.options.idle_reports_to_abandon,
             );
             shared
                 .ledger
@@ -371,10 +293,80 @@ impl<S: Store> Session<S> {
         for counter in abandoned {
             self.forget(&counter);
         }
-        if configured {
+        if rules.domain(&domain).is_some() {
             self.observe(|o| o.reported(&domain, allowed, denied));
         }
         Ok(actions)
+    }
+
+    /// The message as a whole: it names the stream's one domain, and no more buckets than a
+    /// stream may hold. The stream's domain is its first report's.
+    fn validate(&mut self, reports: &RateLimitQuotaUsageReports) -> Result<(), tonic::Status> {
+        if reports.domain.is_empty() {
+            self.observe(|o| o.refused(Refusal::NoDomain));
+            return Err(tonic::Status::invalid_argument(
+                "the usage reports name no domain",
+            ));
+        }
+        match &self.domain {
+            None => self.domain = Some(reports.domain.clone()),
+            Some(d) if *d != reports.domain => {
+                self.observe(|o| o.refused(Refusal::DomainChanged));
+                return Err(tonic::Status::invalid_argument(format!(
+                    "the stream's domain is {d:?}; a report named {:?} (one stream per domain)",
+                    reports.domain
+                )));
+            }
+            Some(_) => {}
+        }
+        let most = self.shared.options.max_buckets_per_stream;
+        if reports.bucket_quota_usages.len() > most {
+            self.observe(|o| o.refused(Refusal::TooManyBuckets));
+            return Err(tonic::Status::resource_exhausted(format!(
+                "a report of {} buckets; a stream holds at most {most} \
+                 (--rlqs-max-buckets-per-stream)",
+                reports.bucket_quota_usages.len(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// One bucket's usage: its counter, its id and what it reported, or None (counted as a
+    /// refusal) when the id is empty or too large, a count is out of range, or a new bucket
+    /// finds no room.
+    fn validate_usage(
+        &mut self,
+        domain: &str,
+        usage: BucketQuotaUsage,
+    ) -> Option<(CounterId, BucketId, Usage)> {
+        let Some(id) = usage.bucket_id.filter(|id| !id.bucket.is_empty()) else {
+            self.observe(|o| o.refused(Refusal::EmptyBucketId));
+            return None;
+        };
+        // A count past 2^53 − 1 (2^53 requests in one report) is never a real one — one past
+        // i64 is a negative number sent as unsigned — and the counters charge hits exactly
+        // only below it (the Lua twins compute in doubles).
+        let limit = crate::limiter::EXACT_MAX - 1;
+        if usage.num_requests_allowed > limit || usage.num_requests_denied > limit {
+            self.observe(|o| o.refused(Refusal::CountOutOfRange));
+            return None;
+        }
+        // The same bounds as a descriptor's (the map's entries, sorted).
+        let counter: CounterId = (domain.to_owned(), sorted(&id));
+        let bounds = self.shared.engine.settings().bounds;
+        if bounds.check_entries(0, &counter.1).is_err() {
+            self.observe(|o| o.refused(Refusal::BucketIdTooLarge));
+            return None;
+        }
+        if !self.buckets.contains_key(&counter) && !self.admit_bucket() {
+            return None;
+        }
+        let usage = Usage {
+            allowed: usage.num_requests_allowed,
+            denied: usage.num_requests_denied,
+            elapsed_us: wire::elapsed_us(usage.time_elapsed.as_ref()),
+        };
+        Some((counter, id, usage))
     }
 
     /// Room for one more bucket on this stream and node.
@@ -494,12 +486,11 @@ fn resolve_id<S: Store>(
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let settings = shared.engine.settings();
     resolve(
         rules,
+        shared.engine.settings(),
         domain,
         &entries,
-        settings.global_shadow,
         shared.options.default_failure_mode,
     )
     .unwrap_or_else(|e| {
@@ -525,25 +516,12 @@ fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatm
     }
 }
 
-/// A request of one descriptor: a bucket's entries, in the rules' order, with `hits`.
-fn one(domain: &str, entries: &[(String, String)], hits: u64) -> engine::Request {
-    engine::Request {
-        domain: domain.to_owned(),
-        descriptors: vec![engine::Descriptor {
-            entries: entries.to_vec(),
-            hits,
-            ..engine::Descriptor::default()
-        }],
-    }
-}
-
-/// Charges `hits` the Envoy admitted on its own (its fallback, or a shadow rule), whatever the
-/// counter says: they were admitted already.
-async fn charge<S: Store>(shared: &Shared<S>, domain: &str, resolved: &Resolved, hits: u64) {
-    let Some(entries) = &resolved.entries else {
+/// Charges `hits` the Envoy admitted on its own (its fallback, or a shadow rule).
+async fn charge<S: Store>(shared: &Shared<S>, resolved: &Resolved, hits: u64) {
+    let Some(descriptor) = &resolved.descriptor else {
         return;
     };
-    if let Err(e) = shared.engine.decide(&one(domain, entries, hits)).await {
+    if let Err(e) = shared.engine.apply_hits(descriptor, hits).await {
         tracing::debug!(error = %e, "RLQS: charging reported usage failed");
     }
 }
@@ -576,7 +554,7 @@ async fn execute<S: Store>(
             observe(AssignmentKind::Renewal);
         }
         Step::Count { hits } => {
-            charge(shared, domain, &bucket.resolved, hits).await;
+            charge(shared, &bucket.resolved, hits).await;
             allow_all(bucket, now, actions, observe);
         }
         Step::AllowAll => allow_all(bucket, now, actions, observe),
@@ -666,38 +644,34 @@ async fn grant<S: Store>(
     until_us: u64,
     counter: &CounterId,
 ) -> Granted {
-    let Some(entries) = &bucket.resolved.entries else {
+    let Some(descriptor) = &bucket.resolved.descriptor else {
         return Granted::PolicyAllow;
     };
     let mut hits = want;
     for _ in 0..3 {
-        let decision = match shared.engine.decide(&one(domain, entries, hits)).await {
-            Ok(d) => d,
+        let applied = match shared.engine.apply_hits(descriptor, hits).await {
+            Ok(applied) => applied,
             Err(e) => {
                 tracing::warn!(error = %e, domain, "RLQS grant failed; no assignment");
                 return Granted::Unanswered;
             }
         };
-        let Some(status) = decision.statuses.first() else {
-            return Granted::Unanswered;
-        };
-        if let DecidedBy::Policy(mode) = decision.decided_by {
-            return match (mode, status.code) {
-                (FailureMode::Allow, _) => Granted::PolicyAllow,
-                (FailureMode::Deny, _) => Granted::PolicyDeny,
-                // `local`: this node's own counters granted it (or not).
-                (_, Code::Ok) => Granted::Tokens(hits),
-                (_, Code::OverLimit) => Granted::PolicyDeny,
-            };
+        match applied.decided_by {
+            DecidedBy::Policy(FailureMode::Allow) => return Granted::PolicyAllow,
+            DecidedBy::Policy(FailureMode::Deny) => return Granted::PolicyDeny,
+            // `local`: this node's own counters granted it (or not).
+            DecidedBy::Policy(_) if applied.allowed => return Granted::Tokens(hits),
+            DecidedBy::Policy(_) => return Granted::PolicyDeny,
+            DecidedBy::Counters => {}
         }
-        shared.ledger.left(counter, until_us, status.remaining);
-        if status.code == Code::Ok {
+        shared.ledger.left(counter, until_us, applied.remaining);
+        if applied.allowed {
             return Granted::Tokens(hits);
         }
-        if status.remaining == 0 || hits <= 1 {
+        if applied.remaining == 0 || hits <= 1 {
             return Granted::Nothing;
         }
-        hits = status.remaining.min(hits - 1);
+        hits = applied.remaining.min(hits - 1);
     }
     Granted::Nothing
 }

@@ -354,3 +354,50 @@ fn is_missing_function(e: &RedisError) -> bool {
             d.starts_with("Function not found") || d.starts_with("unknown command")
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    /// Step 2 of the limiter's checklist: a Lua file not in `body!` never reaches Redis.
+    #[test]
+    fn every_lua_file_is_in_the_body() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/redis/lua");
+        let mut files = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "lua") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert!(
+                    LIMITER_SCRIPT.contains(&text),
+                    "{} is not in body! (src/store/redis/script.rs)",
+                    path.display()
+                );
+                files += 1;
+            }
+        }
+        assert!(files >= 6, "read {files} Lua files from {dir}");
+    }
+
+    /// Step 2 of the limiter's checklist: each algorithm id has its functions in `batch.lua`'s
+    /// dispatch tables, which Lua indexes by the id.
+    #[test]
+    fn dispatch_tables_have_an_entry_per_algorithm() {
+        let batch = include_str!("lua/batch.lua");
+        for table in ["decide_of", "commit_of", "refund_of"] {
+            let start = batch
+                .find(&format!("local {table} = {{"))
+                .unwrap_or_else(|| panic!("batch.lua has no table {table}"));
+            let body = &batch[start..];
+            let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+            let entries = body.split(',').filter(|e| !e.trim().is_empty()).count();
+            assert_eq!(
+                entries,
+                usize::from(Algorithm::MAX_ID),
+                "batch.lua's {table} needs one function per algorithm id, in id order"
+            );
+        }
+        assert_eq!(usize::from(Algorithm::MAX_ID), Algorithm::ALL.len());
+    }
+}

@@ -1,0 +1,189 @@
+//! One descriptor resolved once against one rule set, for a caller that applies hits to it
+//! again and again: an RLQS bucket, whose every grant and every charge of reported usage would
+//! otherwise match the rules anew. [`resolve_descriptor`] matches the rules and writes the
+//! counters' keys once; [`Engine::apply_hits`] makes one store call with them, deciding as
+//! [`Engine::decide`] decides a request of that one descriptor (every limit all-or-nothing,
+//! `replaces`, shadow and quota mode), and says who decided.
+
+use std::ops::Range;
+
+use super::{Descriptor, Engine, EngineError, EngineSettings, Limits, Request, plan, resolve};
+use crate::counter::{FailureMode, Mode};
+use crate::limiter::{Limit, Verdict};
+use crate::rules::RuleSet;
+use crate::store::{Check, CheckKind, DecidedBy, KeyBuf, Store};
+
+/// How a resolved descriptor's hits are treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enforcement {
+    /// No limit applies: no rule matched, the rule is unlimited, or every limit was replaced.
+    Unlimited,
+    /// Counted and never denied (the rule's shadow mode, or the service's).
+    Shadow,
+    /// Denied past the limits.
+    Limited,
+}
+
+/// One descriptor of one domain, resolved against one rule set: its rule, its limits, its
+/// failure policy, and the checks a hit makes, their keys written once.
+#[derive(Debug, Clone)]
+pub struct ResolvedDescriptor {
+    /// The matched rule's path; None when no rule matched.
+    pub rule: Option<String>,
+    pub enforcement: Enforcement,
+    /// The limits a hit is denied by (the ones `replaces` drops, shadow and quota-mode limits
+    /// left out); empty unless [`Enforcement::Limited`].
+    pub limits: Vec<Limit>,
+    /// The rule's own failure mode, when it sets one (else the store's default applies).
+    pub failure_mode: Option<FailureMode>,
+    /// Quota mode (the rule's or the service's): the checks deny only together, and a
+    /// denied one gives back what the others consumed, as [`Engine::decide`] does.
+    quota: bool,
+    keys: KeyBuf,
+    checks: Vec<PreparedCheck>,
+}
+
+/// One check of a resolved descriptor, without its hits.
+#[derive(Debug, Clone)]
+struct PreparedCheck {
+    key: Range<usize>,
+    tag: Range<usize>,
+    limit: Limit,
+    kind: CheckKind,
+    on_failure: Option<FailureMode>,
+    mode: Option<Mode>,
+}
+
+/// What applying hits to a resolved descriptor decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// The hits fit and were consumed; when not, nothing was.
+    pub allowed: bool,
+    /// What the deciding limit has left: the denying one, else the tightest.
+    pub remaining: u64,
+    pub decided_by: DecidedBy,
+}
+
+/// Resolves the descriptor `entries` (in the rules' nesting order) of `domain` against `rules`,
+/// as [`Engine::decide`] would under `settings`. None when the domain is not configured.
+pub fn resolve_descriptor(
+    rules: &RuleSet,
+    settings: &EngineSettings,
+    domain_name: &str,
+    entries: &[(String, String)],
+) -> Result<Option<ResolvedDescriptor>, EngineError> {
+    let Some(domain) = rules.domain(domain_name) else {
+        return Ok(None);
+    };
+    let request = Request {
+        domain: domain_name.to_owned(),
+        descriptors: vec![Descriptor {
+            entries: entries.to_vec(),
+            ..Descriptor::default()
+        }],
+    };
+    let mut keys = KeyBuf::default();
+    let resolved = [resolve(
+        domain,
+        domain_name,
+        0,
+        &request.descriptors[0],
+        &mut keys,
+        |_, _, _| {},
+    )?];
+    let planned = plan(&request, &resolved, &mut keys, false, settings.global_quota);
+    let r = &resolved[0];
+    let rule = r.rule;
+    let own_rule = matches!(r.limits, Limits::Tiers(_));
+    let shadow = own_rule && rule.is_some_and(|r| r.shadow_mode);
+    let rule_quota = own_rule && rule.is_some_and(|r| r.quota_mode);
+    let enforcement = match r.limits {
+        Limits::None | Limits::Unlimited => Enforcement::Unlimited,
+        _ if planned.is_empty() => Enforcement::Unlimited,
+        _ if settings.global_shadow || shadow => Enforcement::Shadow,
+        _ if rule_quota => Enforcement::Unlimited,
+        _ => Enforcement::Limited,
+    };
+    let limits = match enforcement {
+        Enforcement::Limited => planned.iter().map(|p| p.tier.limit).collect(),
+        Enforcement::Unlimited | Enforcement::Shadow => Vec::new(),
+    };
+    let checks = planned
+        .iter()
+        .map(|p| PreparedCheck {
+            key: p.key.clone(),
+            tag: p.tag.clone(),
+            limit: p.tier.limit,
+            kind: p.kind,
+            on_failure: p.on_failure,
+            mode: p.mode,
+        })
+        .collect();
+    Ok(Some(ResolvedDescriptor {
+        rule: rule.map(|r| r.path.clone()),
+        enforcement,
+        limits,
+        failure_mode: rule.and_then(|r| r.failure_mode),
+        quota: planned.iter().any(|p| p.quota),
+        keys,
+        checks,
+    }))
+}
+
+impl<S: Store> Engine<S> {
+    /// Applies `hits` to every limit of `resolved` in one store call: all of them or none.
+    pub async fn apply_hits(
+        &self,
+        resolved: &ResolvedDescriptor,
+        hits: u64,
+    ) -> Result<Applied, EngineError> {
+        let keys = &resolved.keys;
+        let checks: Vec<Check<'_>> = resolved
+            .checks
+            .iter()
+            .map(|c| Check {
+                key: keys.slice(c.key.clone()),
+                tag: keys.slice(c.tag.clone()),
+                limit: &c.limit,
+                hits,
+                kind: c.kind,
+                on_failure: c.on_failure,
+                mode: c.mode,
+                until_us: 0,
+            })
+            .collect();
+        if checks.is_empty() {
+            return Ok(Applied {
+                allowed: true,
+                remaining: 0,
+                decided_by: DecidedBy::Counters,
+            });
+        }
+        let mut outcome = self.store.apply(&checks).await?;
+        let denied = |v: &Verdict, c: &Check<'_>| {
+            !v.allowed && (c.kind == CheckKind::Enforce || resolved.quota)
+        };
+        let quota_over = resolved.quota && outcome.verdicts.iter().any(|v| !v.allowed);
+        if quota_over && outcome.allowed {
+            // The quota checks went as shadow checks: what fitted was consumed.
+            self.give_back(&checks, &mut outcome).await;
+        }
+        let (deciding, check) = outcome
+            .verdicts
+            .iter()
+            .zip(&checks)
+            .reduce(|cur, next| {
+                if super::tighter(next.0, cur.0) {
+                    next
+                } else {
+                    cur
+                }
+            })
+            .expect("at least one check");
+        Ok(Applied {
+            allowed: !denied(deciding, check),
+            remaining: deciding.remaining,
+            decided_by: outcome.decided_by,
+        })
+    }
+}
