@@ -28,7 +28,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && useradd --system --uid 10001 --user-group --no-create-home sluice
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
 # Where the reference service's image has its binary: invoked as `ratelimit`, sluice serves and
-# reads the reference's environment variables (README, "Moving from envoyproxy/ratelimit"), so
+# reads the reference's environment variables (docs/migrating.md), so
 # a deployment of the reference (Envoy Gateway's too) can switch by changing the image.
 RUN ln -s /usr/local/bin/sluice /bin/ratelimit
 COPY config /etc/sluice/rules

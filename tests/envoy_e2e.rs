@@ -322,7 +322,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, name: tokens}
 "#;
 
-/// The LLM token budget of the README: each request is checked with 0 hits; when the response
+/// The LLM token budget of docs/rules.md: each request is checked with 0 hits; when the response
 /// is done, Envoy debits the tokens the upstream reported (`x-tokens`) with `apply_on_stream_done`.
 const TOKEN_ROUTES: &str = r#"
               - match: {prefix: "/v1/chat"}

@@ -1009,38 +1009,18 @@ async fn a_probe_cancelled_while_redis_is_paused_does_not_wedge_the_breaker() {
     let rules = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
     let engine = assemble(&store, rules);
     let breaker = || engine.upkeep.report().breaker.unwrap();
-    assert!(
-        !engine
-            .decide(&req("k"))
-            .await
-            .unwrap()
-            .decided_by
-            .is_policy(),
-        "on Redis"
-    );
+    let by_policy = async || {
+        let decision = engine.decide(&req("k")).await.unwrap();
+        decision.decided_by.is_policy()
+    };
+    assert!(!by_policy().await, "on Redis");
 
     redis.pause();
     for _ in 0..2 {
-        assert!(
-            engine
-                .decide(&req("k"))
-                .await
-                .unwrap()
-                .decided_by
-                .is_policy(),
-            "timeout: policy"
-        );
+        assert!(by_policy().await, "timeout: policy");
     }
     assert_eq!(breaker(), BreakerState::Open);
-    assert!(
-        engine
-            .decide(&req("k"))
-            .await
-            .unwrap()
-            .decided_by
-            .is_policy(),
-        "open: policy at once"
-    );
+    assert!(by_policy().await, "open: policy at once");
     breaker_clock.advance(cooldown.as_micros() as u64);
     // The probe goes to the paused Redis, and its caller gives up first (Envoy's deadline).
     let gave_up = tokio::time::timeout(Duration::from_millis(50), engine.decide(&req("k"))).await;

@@ -309,7 +309,7 @@ async fn under_three_quarters_of_the_limit_nothing_is_denied() {
 #[tokio::test]
 async fn near_the_limit_few_are_denied() {
     // What top-ups leave unspent in the Envoys' buckets is charged: near the limit it runs out
-    // a little before the window ends (the README states the figure).
+    // a little before the window ends (docs/rlqs.md states the figure).
     let (denied, of) = under_the_limit(0.9).await;
     eprintln!("at 0.9 of the limit: {denied} of {of} denied");
     assert!(

@@ -32,7 +32,7 @@
 //!    `twin_tests!(PROVEN, ...)` there; if it counts past its limit
 //!    ([`Algorithm::counts_past_limit`]), one in `twin_tests!(PROVEN_OVERDRAFT, ...)` too.
 //!    `every_algorithm_is_proven` names a missing one.
-//! 4. Docs: the README's algorithm table and the rules' schema text (`rules::parse`); the test
+//! 4. Docs: the algorithm table of `docs/rules.md` and the rules' schema text (`rules::parse`); the test
 //!    `readme_names_every_algorithm` names a missing one.
 
 mod bucket;

@@ -1,5 +1,5 @@
 //! An RLQS client that behaves as Envoy 1.40's `rate_limit_quota` filter does (seen live, see
-//! the README's RLQS section): a new bucket's first request follows `no_assignment_behavior`
+//! docs/rlqs.md): a new bucket's first request follows `no_assignment_behavior`
 //! and is reported at once (`time_elapsed` 0); every bucket is reported every 5 s; a time to
 //! live is read in whole seconds (under one expires at once); only blanket rules and token
 //! buckets are honoured; a token bucket refills at `tokens_per_fill / whole seconds of

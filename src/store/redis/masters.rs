@@ -6,8 +6,8 @@
 //! slots it serves at that moment, refusing a key it does not hold (a slot moved away, or one
 //! still migrating whose key is gone already). A refused group goes again on its slot, where the
 //! client follows MOVED and ASK. So a move costs a round trip and a refresh of this map, never a
-//! count on the wrong node. (What a group refused part way had counted: README, "Redis and Redis
-//! Cluster". The Redis client keeps its own map to itself.)
+//! count on the wrong node. (What a group refused part way had counted: docs/redis.md, "Redis
+//! and Redis Cluster". The Redis client keeps its own map to itself.)
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
