@@ -611,6 +611,75 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     );
 }
 
+/// `failure_mode: local` through an outage that begins mid-window: three nodes, 300 an hour,
+/// 200 already spent in Redis, then Redis is killed. Each node shares out what the window had
+/// left as it last heard from Redis (about 100), not the limit, so the window admits at most
+/// `limit + nodes − 1` in all — counting the 200 — where sharing the limit again admitted 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_mid_window_counts_what_was_spent_before_it() {
+    let mut redis = RedisServer::start();
+    let rules = "domain: f\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
+    let nodes: Vec<common::Assembled> = (0..3)
+        .map(|_| {
+            common::assemble(
+                &StoreConfig {
+                    failure_mode: FailureMode::Local,
+                    over_limit_cache: 0,
+                    fleet_heartbeat: Duration::from_secs(1),
+                    ..shared_config(Topology::Standalone(redis.url()), TIMEOUT)
+                },
+                rules,
+            )
+        })
+        .collect();
+    let hit = || Request {
+        domain: "f".into(),
+        descriptors: vec![Descriptor::of(&[("k", "half")], 1)],
+    };
+    // 200 of the hour's 300 spent in Redis, round the fleet (each node's last answer is among
+    // the last three), with the heartbeat telling each node there are three.
+    let mut before = 0;
+    for i in 0..200 {
+        let d = nodes[i % 3].decide(&hit()).await.unwrap();
+        assert!(!d.decided_by.is_policy(), "on Redis");
+        before += u64::from(d.code == Code::Ok);
+        if i < 6 {
+            for node in &nodes {
+                node.upkeep.beat().await;
+            }
+        }
+    }
+    assert_eq!(before, 200);
+    assert!(nodes.iter().all(|n| n.upkeep.fleet_nodes() == 3));
+    redis.kill();
+    let mut during = 0;
+    for _ in 0..400 {
+        for node in &nodes {
+            let d = node.decide(&hit()).await.unwrap();
+            assert!(
+                d.decided_by.is_policy(),
+                "Redis is gone: the policy decides"
+            );
+            during += u64::from(d.code == Code::Ok);
+        }
+    }
+    let window = before + during;
+    eprintln!(
+        "the window admitted {window} (limit 300): {before} on Redis, {during} during the outage"
+    );
+    assert!(window <= 300 + 2, "limit + nodes − 1: {window}");
+    assert!(
+        window >= 300,
+        "the fleet still admits what was left: {window}"
+    );
+    // A decision on Redis again once it returns.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for node in &nodes {
+        until_on_redis(node, &hit(), deadline, "still on the failure policy").await;
+    }
+}
+
 /// Issue 27 item 4: `--redis-timeout` above half a second means what it says. The client
 /// library cuts a call at its own default response timeout (500 ms) unless told otherwise; a
 /// call to a paused Redis must wait the whole configured timeout, then be answered by the
@@ -688,5 +757,123 @@ async fn a_redis_timeout_above_half_a_second_is_honoured() {
     set.replica.resume();
     println!(
         "redis-timeout {LONG:?} against a paused Redis: standalone {standalone:?}, cluster {in_cluster:?}, sentinel {behind_sentinel:?}"
+    );
+}
+
+/// A `sluice serve` process on Redis in hybrid mode (its leases held for an hour, so only the
+/// shutdown gives them back) with `--redis-timeout` `timeout` and a heartbeat every 100 ms.
+async fn serve_on(
+    redis: &RedisServer,
+    timeout: &str,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    let dir = common::temp_dir("faults-stop");
+    std::fs::write(
+        dir.join("s.yaml"),
+        "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1000000}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .kill_on_drop(true)
+        .args(["serve", "--backend", "redis", "--mode", "hybrid"])
+        .args([
+            "--lease-ttl",
+            "3600s",
+            "--drain-delay",
+            "0s",
+            "--json-endpoint",
+        ])
+        .args(["--fleet-heartbeat", "100ms"])
+        .arg("--config")
+        .arg(&dir)
+        .args(["--redis-url", &redis.url(), "--redis-timeout", timeout])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    common::wait_listening(addr).await;
+    (child, addr)
+}
+
+const ONE_HIT: &str = r#"{"domain":"s","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+
+/// Sends SIGTERM and waits for the process to exit 0: how long that took.
+async fn stop(child: &mut tokio::process::Child) -> Duration {
+    let pid = child.id().unwrap().to_string();
+    let started = Instant::now();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(term.unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the node stopped within a minute")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    started.elapsed()
+}
+
+/// Stopping spends at most one `--redis-timeout` on Redis in all — giving leases back and
+/// leaving the fleet, whatever heartbeat or give-back was in flight — when Redis hangs
+/// (SIGSTOP). Before, a node waited out the heartbeat in flight, then each call of the give-back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopping_spends_at_most_one_timeout_on_a_paused_redis() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_secs(3);
+    let (mut child, addr) = serve_on(&redis, "3s").await;
+    for _ in 0..50 {
+        assert_eq!(common::http_post(addr, "/json", ONE_HIT).await.0, 200);
+    }
+    redis.pause();
+    // A heartbeat (every 100 ms) is now waiting on the paused Redis.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let took = stop(&mut child).await;
+    redis.resume();
+    println!("stopping with Redis paused took {took:?} (--redis-timeout {timeout:?})");
+    // One timeout, and the process's own exit: the bound a two-timeout stop breaks.
+    assert!(
+        took < timeout + Duration::from_millis(2_500),
+        "stopping took {took:?}"
+    );
+}
+
+/// While the breaker is open, stopping spends nothing on Redis: what the node holds stays
+/// counted until its window ends (under-admission), and the process exits at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopping_with_its_breaker_open_does_not_wait_on_redis() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_secs(4);
+    let (mut child, addr) = serve_on(&redis, "4s").await;
+    for _ in 0..50 {
+        assert_eq!(common::http_post(addr, "/json", ONE_HIT).await.0, 200);
+    }
+    redis.pause();
+    // Five failed calls open the breaker (its threshold): five at once, each waiting out the
+    // timeout, answered by the failure policy.
+    // Each on a counter of its own: the node's lease of "v" would answer without Redis.
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let body = ONE_HIT.replace(r#""value":"v""#, &format!(r#""value":"x{i}""#));
+            tokio::spawn(async move { common::http_post(addr, "/json", &body).await })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().0, 200);
+    }
+    let (_, metrics) = common::http_get(addr, "/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "sluice_circuit_breaker_state 1"),
+        "the breaker is open"
+    );
+    let took = stop(&mut child).await;
+    redis.resume();
+    println!("stopping with the breaker open took {took:?} (--redis-timeout {timeout:?})");
+    assert!(
+        took < timeout - Duration::from_secs(1),
+        "stopping took {took:?}"
     );
 }

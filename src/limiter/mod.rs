@@ -120,11 +120,11 @@ impl Algorithm {
         }
     }
 
-    /// Whether a lease of quota (`mode: hybrid`, see `store::lease`) can never over-admit: a hit
-    /// charged early in the current window counts exactly like one charged later in it.
-    /// Buckets drain while a lease sits unused, and a sliding log stamps hits when they are
-    /// charged, so they stay strict.
-    pub const fn leasable(self) -> bool {
+    /// Whether it counts hits by window: a hit charged early in the current window counts
+    /// exactly like one charged later in it, and what the window has left stays left until the
+    /// window ends. Buckets drain as time passes, and a sliding log stamps each hit with when it
+    /// was charged.
+    pub const fn windowed(self) -> bool {
         match self {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => true,
             Algorithm::SlidingLog
@@ -132,6 +132,13 @@ impl Algorithm {
             | Algorithm::LeakyBucket
             | Algorithm::Gcra => false,
         }
+    }
+
+    /// Whether a lease of quota (`mode: hybrid`, see `store::lease`) can never over-admit: the
+    /// algorithm is [windowed](Algorithm::windowed). A bucket would drain while a lease sits
+    /// unused, and a sliding log's early charges expire early, so they stay strict.
+    pub const fn leasable(self) -> bool {
+        self.windowed()
     }
 
     /// Whether usage past the limit can be kept exactly, as a cost limit (`overdraft`) needs: a

@@ -272,7 +272,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 }
 
 /// A task that runs `tick` every `period` (the first at once; a late tick is not made up for)
-/// until `stopped`: the timers of the upkeep and of the certificates' reload.
+/// until `stopped`: the timers of the upkeep and of the certificates' reload. A tick in
+/// progress when the server stops is dropped, not awaited: a heartbeat or a give-back waiting on
+/// a hung Redis must not hold up the stop (what the stop gives back is bounded on its own).
 fn every<F, Fut>(
     period: Duration,
     stopped: &watch::Receiver<bool>,
@@ -291,7 +293,10 @@ where
                 _ = timer.tick() => {}
                 _ = stopped.wait_for(|stop| *stop) => return Ok(()),
             }
-            tick().await;
+            tokio::select! {
+                () = tick() => {}
+                _ = stopped.wait_for(|stop| *stop) => return Ok(()),
+            }
         }
     })
 }
@@ -335,7 +340,7 @@ impl Running {
     }
 
     /// Health goes NOT_SERVING, listeners close, in-flight calls finish, then every lease this
-    /// node holds goes back to the fleet.
+    /// node holds goes back to the fleet and the node leaves it (within one backend timeout).
     pub async fn stop(self) -> anyhow::Result<()> {
         self.drain();
         // Open health watches end, so the graceful shutdown does not wait on them.
@@ -346,7 +351,7 @@ impl Running {
             task.await.context("server task panicked")??;
         }
         // No call is in flight now: what this node still holds goes back to the fleet.
-        self.upkeep.give_back(true).await;
+        self.upkeep.stop().await;
         tracing::info!("stopped");
         Ok(())
     }

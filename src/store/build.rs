@@ -136,13 +136,14 @@ pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
         LeaseTable::new(config.leases, clocks.monotonic.clone()),
     );
     let give_back = leases.give_back();
-    let fallback = Fallback::new(leases, memory.clone(), config.failure_mode);
+    let fallback = Fallback::new(leases, memory.clone(), config.failure_mode, config.max_keys);
     let fleet = beat.map(|beat| super::upkeep::Fleet {
         beat,
         share: fallback.fleet(),
         every: config.fleet_heartbeat,
         clock: clocks.wall.clone(),
     });
+    let last_seen = fallback.last_seen();
     let (policy, serves_without_backend) =
         (fallback.decisions(), fallback.serves_without_backend());
     let cache = OverLimitCache::new(fallback, config.over_limit_cache, clocks.monotonic.clone());
@@ -150,12 +151,14 @@ pub fn build(config: &StoreConfig) -> Result<(Stack, Upkeep), BuildError> {
         memory,
         SharedUpkeep {
             denials: cache.denials(),
+            last_seen,
             policy,
             serves_without_backend,
             leases: give_back,
             circuit,
             reached,
             fleet,
+            stop_budget: options.timeout,
         },
     );
     Ok((Stack::Shared(Box::new(cache)), upkeep))

@@ -356,6 +356,11 @@ impl MemoryStore {
         }
     }
 
+    /// This store's clock now: the time its windows are computed at.
+    pub fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
     /// Keys currently held.
     pub fn len(&self) -> usize {
         self.keys.load(Ordering::Relaxed)

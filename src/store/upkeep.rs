@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::{BreakerState, Circuit};
-use super::fallback::{FleetShare, PolicyDecisions};
+use super::fallback::{FleetShare, LastSeen, PolicyDecisions};
 use super::lease::GiveBack;
 use super::over_limit::Denials;
 use super::redis::{FleetBeat, Reached};
@@ -29,6 +29,7 @@ pub struct Upkeep {
 /// The parts of the shared stack's layers that the upkeep tends or reads.
 pub(super) struct SharedUpkeep {
     pub denials: Arc<Denials>,
+    pub last_seen: Arc<LastSeen>,
     pub policy: Arc<PolicyDecisions>,
     pub serves_without_backend: bool,
     pub leases: GiveBack<Backend>,
@@ -36,6 +37,8 @@ pub(super) struct SharedUpkeep {
     pub reached: Reached,
     /// The fleet heartbeat (None with `--fleet-heartbeat 0s`), and what `local` learns of it.
     pub fleet: Option<Fleet>,
+    /// What stopping may spend on the backend in all: one `--redis-timeout`.
+    pub stop_budget: Duration,
 }
 
 /// This node's heartbeat and the fleet share the failure policy reads.
@@ -67,6 +70,7 @@ impl Upkeep {
         self.memory.sweep();
         if let Some(s) = &self.shared {
             s.denials.sweep();
+            s.last_seen.sweep(self.memory.now());
         }
     }
 
@@ -120,6 +124,40 @@ impl Upkeep {
     pub async fn give_back(&self, all: bool) {
         if let Some(s) = &self.shared {
             s.leases.run(all).await;
+        }
+    }
+
+    /// The node stops: what it holds in leases goes back and it leaves the fleet, in one
+    /// bounded go. At most one backend timeout in all, and none while the breaker is not
+    /// closed (a backend that is failing would only make the stop wait): what is not given
+    /// back stays counted until its window ends — under-admission, never more — and the fleet
+    /// forgets the node when its heartbeat expires.
+    pub async fn stop(&self) {
+        let Some(s) = &self.shared else {
+            return;
+        };
+        let held = s.leases.held();
+        if s.circuit.state() != BreakerState::Closed {
+            tracing::info!(
+                lease_hits_held = held,
+                "the backend's circuit is not closed: leases stay counted until their windows end"
+            );
+            return;
+        }
+        let leave = async {
+            if let Some(fleet) = &s.fleet
+                && let Err(e) = fleet.beat.leave().await
+            {
+                tracing::debug!(error = %e, "could not leave the fleet; its heartbeat expires");
+            }
+        };
+        let both = futures_util::future::join(s.leases.run(true), leave);
+        if tokio::time::timeout(s.stop_budget, both).await.is_err() {
+            tracing::warn!(
+                lease_hits_held = held,
+                budget = ?s.stop_budget,
+                "the backend did not answer while stopping: leases stay counted until their windows end"
+            );
         }
     }
 

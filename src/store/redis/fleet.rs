@@ -70,6 +70,42 @@ impl FleetBeat {
     }
 }
 
+impl FleetBeat {
+    /// Takes this node out of the fleet set, so the others' shares grow at their next beat
+    /// rather than when this node's heartbeat would expire. On a connection already made.
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(&self.key).arg(&self.member);
+        let conn = match &self.pool.conns {
+            Connections::Standalone { conns, .. } => conns
+                .iter()
+                .find_map(|c| c.load_full())
+                .map(|c| Conn::Standalone((*c).clone())),
+            Connections::Cluster { conn, .. } => {
+                conn.load_full().map(|c| Conn::Cluster((*c).clone()))
+            }
+        };
+        let call = async {
+            match conn {
+                Some(Conn::Standalone(mut c)) => cmd.query_async::<()>(&mut c).await,
+                Some(Conn::Cluster(mut c)) => cmd.query_async::<()>(&mut c).await,
+                None => Ok(()),
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::unavailable(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+/// A connection already made, of either kind.
+enum Conn {
+    Standalone(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
 /// Runs the heartbeat's pipeline on `conn`: the live nodes its last command counted.
 async fn live_count(
     pipe: &redis::Pipeline,

@@ -6,15 +6,22 @@
 //!
 //! **`local` keeps one limit for the fleet, not one per node.** While Redis answers, every node
 //! beats in a set there (`redis::FleetBeat`) and learns how many nodes are live ([`FleetShare`]);
-//! when Redis is lost, each node enforces its share of every limit, the limit divided by the
-//! nodes it last saw, rounded up. So N nodes admit at most `limit + N - 1` per window between
-//! them during an outage, where each enforcing the whole limit would admit `N × limit`.
+//! when Redis is lost, each node enforces its share of every limit over the nodes it last saw,
+//! rounded up: of what the window had left as this node last heard from Redis ([`LastSeen`]),
+//! or of the whole limit for a window it has not seen (a new one, or a bucket's room). So N
+//! nodes admit at most `limit + N - 1` over a window that Redis is lost in, counting what was
+//! admitted in Redis before the outage, where each enforcing the whole limit would admit
+//! `N × limit` on top of it.
 //!
 //! It decides the request's own checks, whatever the layers inside it were doing (a lease, a
 //! refund): it sits outside them.
 
+mod last_seen;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use last_seen::LastSeen;
 
 use super::{Check, CheckKind, DecidedBy, FailureMode, MemoryStore, Outcome, Store, StoreError};
 use crate::limiter::{Limit, Verdict};
@@ -63,6 +70,9 @@ pub struct Fallback<S> {
     local: Arc<MemoryStore>,
     default_mode: FailureMode,
     decisions: Arc<PolicyDecisions>,
+    /// What each `local` counter's window had left when the backend last answered; the upkeep
+    /// sweeps it.
+    last_seen: Arc<LastSeen>,
 }
 
 /// Requests the failure policy answered, shared with the upkeep's report.
@@ -76,13 +86,57 @@ impl PolicyDecisions {
 }
 
 impl<S: Store> Fallback<S> {
-    pub fn new(inner: S, local: Arc<MemoryStore>, default_mode: FailureMode) -> Self {
+    /// `local` also decides `local` checks when the backend is down; up to `max_seen` counters'
+    /// last answers are kept for it.
+    pub fn new(
+        inner: S,
+        local: Arc<MemoryStore>,
+        default_mode: FailureMode,
+        max_seen: usize,
+    ) -> Self {
         Self {
             inner,
             fleet: Arc::default(),
             local,
             default_mode,
             decisions: Arc::default(),
+            last_seen: Arc::new(LastSeen::new(max_seen)),
+        }
+    }
+
+    /// What the counters had left as last seen, shared with the upkeep that sweeps it.
+    pub fn last_seen(&self) -> Arc<LastSeen> {
+        self.last_seen.clone()
+    }
+
+    fn mode_of(&self, c: &Check<'_>) -> FailureMode {
+        c.on_failure.unwrap_or(self.default_mode)
+    }
+
+    /// The backend answered: what each `local` window counter has left, for an outage.
+    fn learn(&self, checks: &[Check<'_>], outcome: &Outcome) {
+        if outcome.decided_by.is_policy() {
+            return;
+        }
+        let mut now = None;
+        for (c, v) in checks.iter().zip(&outcome.verdicts) {
+            if self.mode_of(c) == FailureMode::Local && c.limit.algorithm.windowed() {
+                let now = *now.get_or_insert_with(|| self.local.now());
+                self.last_seen.learn(c, v.remaining, now);
+            }
+        }
+    }
+
+    /// This node's share of `c`'s limit among `nodes`: of what its window had left as last
+    /// seen, else of the whole limit.
+    fn share(&self, c: &Check<'_>, nodes: u64, now: u64) -> Limit {
+        let share = share_of(c.limit, nodes);
+        match self.last_seen.left(c, now) {
+            Some(left) if left < c.limit.requests => Limit {
+                requests: left.div_ceil(nodes),
+                ..share
+            },
+            _ => share,
         }
     }
 
@@ -103,7 +157,7 @@ impl<S: Store> Fallback<S> {
 
     fn decide(&self, checks: &[Check<'_>], cause: StoreError) -> Result<Outcome, StoreError> {
         self.decisions.0.fetch_add(1, Ordering::Relaxed);
-        let mode_of = |c: &Check<'_>| c.on_failure.unwrap_or(self.default_mode);
+        let mode_of = |c: &Check<'_>| self.mode_of(c);
         if checks.iter().any(|c| mode_of(c) == FailureMode::Error) {
             return Err(cause);
         }
@@ -125,9 +179,10 @@ impl<S: Store> Fallback<S> {
             })
             .collect();
         let nodes = self.fleet.nodes();
+        let now = self.local.now();
         let shares: Vec<Limit> = local
             .iter()
-            .map(|(_, c)| share_of(c.limit, nodes))
+            .map(|(_, c)| self.share(c, nodes, now))
             .collect();
         let local_checks: Vec<Check<'_>> = local
             .iter()
@@ -181,8 +236,12 @@ impl<S: Store> Fallback<S> {
 impl<S: Store> Store for Fallback<S> {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         match self.inner.apply(checks).await {
+            Ok(outcome) => {
+                self.learn(checks, &outcome);
+                Ok(outcome)
+            }
             Err(e) if e.is_backend_down() => self.decide(checks, e),
-            other => other,
+            Err(e) => Err(e),
         }
     }
 }
@@ -223,7 +282,7 @@ mod tests {
 
     fn fallback(mode: FailureMode) -> Fallback<Down> {
         let clock = Arc::new(ManualClock::new(1_000_000_000));
-        Fallback::new(Down, Arc::new(MemoryStore::new(clock, 100)), mode)
+        Fallback::new(Down, Arc::new(MemoryStore::new(clock, 100)), mode, 100)
     }
 
     fn check(limit: &Limit, on_failure: Option<FailureMode>) -> Check<'_> {
