@@ -79,6 +79,29 @@ impl<C: Clock> Clock for std::sync::Arc<C> {
 
 pub const MICROS_PER_SECOND: u64 = 1_000_000;
 
+/// A duration such as `1500us`, `10ms`, `2s`, `5m` or `1h` (a whole number and its unit).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 10ms, 2s or 5m"))?;
+    let seconds = |per: u64| {
+        n.checked_mul(per)
+            .map(std::time::Duration::from_secs)
+            .ok_or_else(|| format!("'{s}' is too long a duration"))
+    };
+    match unit {
+        "us" => Ok(std::time::Duration::from_micros(n)),
+        "ms" => Ok(std::time::Duration::from_millis(n)),
+        "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3_600),
+        _ => Err(format!("'{s}': the unit must be us, ms, s, m or h")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ fn validate_accepts_the_sample_rules() {
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "ok: 2 domains, 17 rules\n"
+        "ok: 3 domains, 20 rules\n"
     );
 }
 

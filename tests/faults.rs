@@ -549,8 +549,9 @@ async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
 }
 
 /// `failure_mode: local` with the fleet heartbeat: three nodes that saw each other in Redis
-/// enforce a third of the limit each when Redis is lost, so the fleet admits the limit (plus at
-/// most two for rounding), not three times it; and they decide on Redis again once it returns.
+/// enforce a third each of what was left when Redis is lost, so the window admits the limit
+/// (plus at most two for rounding), not three times it; and they decide on Redis again once it
+/// returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     let mut redis = RedisServer::start();
@@ -595,9 +596,12 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
             admitted += u64::from(d.code == Code::Ok);
         }
     }
-    // Each node: a third of 300, rounded up. Without the heartbeat, 900.
-    eprintln!("during the outage the fleet admitted {admitted} (limit 300)");
-    assert_eq!(admitted, 300);
+    // Each node: a third of what it last saw left (299, 298, 297 after the three hits on
+    // Redis), rounded up; the window, those three hits counted, holds at most 300 + 2. Without
+    // the heartbeat, 900 during the outage.
+    let window = 3 + admitted;
+    eprintln!("the window admitted {window} (limit 300): 3 on Redis, {admitted} during the outage");
+    assert!((300..=302).contains(&window), "limit + nodes − 1: {window}");
     // Back on Redis once it returns (the breaker probes it).
     redis.restart();
     let back = Instant::now();

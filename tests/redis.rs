@@ -71,6 +71,10 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 3, algorithm: gcra, burst: 4}
       - {unit: minute, requests_per_unit: 40, algorithm: token_bucket}
+  - key: flight
+    descriptors:
+      - key: request
+        concurrency: {limit: 2, max_hold: 3s}
 "#;
 
 fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
@@ -158,8 +162,9 @@ fn descriptor(entries: &[(&str, &str)], hits: u64, refund: bool) -> Descriptor {
     }
 }
 
-/// The descriptor key of each rule in `RULES`.
-const RULE_KEYS: [&str; 15] = [
+/// The descriptor key of each rule in `RULES` (`flight` with a request's id below it: a
+/// concurrency limit).
+const RULE_KEYS: [&str; 16] = [
     "fixed",
     "sliding",
     "log",
@@ -175,16 +180,25 @@ const RULE_KEYS: [&str; 15] = [
     "quota_b",
     "cost",
     "cost_bucket",
+    "flight",
 ];
 
 fn random_request(rng: &mut Rng) -> Request {
     const VALUES: [&str; 3] = ["a", "b{x}", "c:}{"];
+    const REQUESTS: [&str; 4] = ["r1", "r2", "r3", "r4"];
     let n = 1 + rng.below(3) as usize;
+    // A request holds one slot of a concurrency counter: one request id per call.
+    let request = REQUESTS[rng.below(REQUESTS.len() as u64) as usize];
     let descriptors = (0..n)
         .map(|_| {
             let key = RULE_KEYS[rng.below(RULE_KEYS.len() as u64) as usize];
             let value = VALUES[rng.below(VALUES.len() as u64) as usize];
             let hits = [0, 1, 1, 1, 2, 3][rng.below(6) as usize];
+            if key == "flight" {
+                // Releases as often as acquires: each request's stream ends.
+                let release = rng.below(2) == 0;
+                return descriptor(&[(key, value), ("request", request)], hits, release);
+            }
             let refund = rng.below(10) == 0;
             descriptor(&[(key, value)], hits, refund)
         })

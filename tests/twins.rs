@@ -44,6 +44,22 @@ struct Step {
     advance_us: u64,
     hits: u64,
     kind: CheckKind,
+    /// A concurrency limit's request: mostly one of a few, so acquires, retries and releases
+    /// meet; sometimes the largest slot number (0 elsewhere).
+    slot: u64,
+    /// A refund's bound (`Check::until_us`): none, one already passed, one ahead, or (for a
+    /// concurrency limit) the expiry of the slot released, as a rollback sends it.
+    until_pick: u8,
+}
+
+/// The slot numbers a case's requests and stored slots are drawn from: a few small ones and
+/// the extremes of the range (`limiter::slot_id` gives 1 ..= 2^53 − 1).
+fn slot_of(pick: u64) -> u64 {
+    match pick % 8 {
+        6 => (1 << 53) - 1,
+        7 => (1 << 53) - 2,
+        n => n + 1,
+    }
 }
 
 /// A period the rules accept: a unit and a multiplier, up to the 2^52 µs bound.
@@ -110,13 +126,26 @@ fn limit(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Limit> 
     (period, any::<u64>(), 0..5u8, any::<u64>(), 0..3u8).prop_filter_map(
         "out of the exact range",
         move |((period_us, calendar), pick, kind, burst_pick, burst_kind)| {
+            if algorithm == Algorithm::Concurrency && period_us > 24 * 3_600_000_000 {
+                // max_hold: at most a day.
+                return None;
+            }
             let top = match algorithm {
                 Algorithm::SlidingLog => limiter::SLIDING_LOG_MAX,
                 Algorithm::FixedWindow => u64::from(u32::MAX),
                 // Products: the largest capacity with a tick of at most one second.
                 _ => (EXACT_MAX / (period_us / 1_000_000)).min(u64::from(u32::MAX)),
             };
-            let requests = near(top, pick, kind).clamp(1, top);
+            let requests = if algorithm == Algorithm::Concurrency {
+                // Mostly a handful of slots, so a case fills them; sometimes any the rules take.
+                match kind {
+                    0..=2 => pick % 6,
+                    3 => u64::from(u32::MAX) - pick % 3,
+                    _ => pick % (u64::from(u32::MAX) + 1),
+                }
+            } else {
+                near(top, pick, kind).clamp(1, top)
+            };
             let burst = (algorithm.has_burst() && burst_kind > 0)
                 .then(|| near(top, burst_pick, burst_kind * 2).clamp(1, top));
             let mut limit = Limit::new(algorithm, requests, period_us, burst).ok()?;
@@ -156,6 +185,33 @@ fn state(limit: Limit, now: u64, picks: [u64; 4], kind: u8) -> State {
             current: near(limit.requests, picks[1], kind),
             previous: near(limit.requests, picks[2], kind.wrapping_add(picks[3] as u8)),
         },
+        Algorithm::Concurrency => {
+            // Up to a few more slots than the limit (a lowered limit), live and expired, each
+            // held for up to its period from when it was taken.
+            let n = picks[1] % (limit.requests.min(6) + 3);
+            let mut held: Vec<limiter::Slot> = Vec::new();
+            for i in 0..n {
+                let pick = picks[2].rotate_left(i as u32 * 9);
+                let id = slot_of(pick ^ picks[3].rotate_left(i as u32));
+                if held.iter().any(|s| s.id == id) {
+                    continue;
+                }
+                let until_us = match pick % 4 {
+                    0 => now.saturating_sub(pick % (period + 1)),
+                    1 => now,
+                    _ => now + 1 + pick % period,
+                };
+                held.push(limiter::Slot { id, until_us });
+            }
+            held.sort_unstable_by_key(|s| (s.until_us, s.id));
+            if held.is_empty() {
+                State::Empty
+            } else {
+                State::Slots {
+                    held: Box::new(held),
+                }
+            }
+        }
         Algorithm::SlidingLog => {
             let n = picks[1] % 5;
             let mut stamps = VecDeque::new();
@@ -216,17 +272,21 @@ fn step(period: u64) -> impl Strategy<Value = Step> {
         1 => Just(CheckKind::Shadow),
         2 => Just(CheckKind::Refund),
     ];
-    (advance, any::<u64>(), 0..5u8, kind).prop_map(|(advance_us, pick, k, kind)| Step {
-        advance_us,
-        // Mostly a few hits; sometimes any the wire carries (u32), which `case` brings near the
-        // capacity when it is beyond it.
-        hits: if k >= 3 {
-            pick % (u64::from(u32::MAX) + 1)
-        } else {
-            pick % 3
+    (advance, any::<u64>(), 0..5u8, kind, any::<u64>(), 0..6u8).prop_map(
+        |(advance_us, pick, k, kind, slot, until_pick)| Step {
+            advance_us,
+            // Mostly a few hits; sometimes any the wire carries (u32), which `case` brings near the
+            // capacity when it is beyond it.
+            hits: if k >= 3 {
+                pick % (u64::from(u32::MAX) + 1)
+            } else {
+                pick % 3
+            },
+            kind,
+            slot: slot_of(slot),
+            until_pick,
         },
-        kind,
-    })
+    )
 }
 
 fn case(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Case> {
@@ -252,6 +312,9 @@ fn case(algorithm: Algorithm, overdraft: bool) -> impl Strategy<Value = Case> {
                     // A cost limit keeps its big debits (any u32, sometimes up to 2^53): its debt is
                     // what must stay exact.
                     for (i, s) in steps.iter_mut().enumerate() {
+                        if !limit.algorithm.holds_slots() {
+                            s.slot = 0;
+                        }
                         if limit.overdraft && i % 2 == 0 {
                             if hits_pick.rotate_left(i as u32).is_multiple_of(5) {
                                 s.hits = hits_pick % EXACT_MAX;
@@ -326,6 +389,13 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State, limit: &
             ints(&[level, (empty_tick - ticks) * limit.tick_us])
         }
         State::Meter { empty_tick, frac } => format!("{empty_tick}:{frac}"),
+        State::Slots { held } => {
+            for s in held.iter() {
+                run(redis::cmd("ZADD").arg(key).arg(s.until_us).arg(s.id));
+            }
+            run(redis::cmd("PEXPIRE").arg(key).arg(TTL_MS));
+            return;
+        }
         State::Log { total, stamps } => {
             let mut list = vec![total.to_string()];
             list.extend(stamps.iter().map(|s| ints(&[s.at_us, s.hits])));
@@ -338,17 +408,12 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State, limit: &
 }
 
 /// The Rust side of one step: the verdict and the state after it.
-fn rust_step(
-    limit: &Limit,
-    state: &State,
-    now: u64,
-    hits: u64,
-    kind: CheckKind,
-) -> (Verdict, State) {
-    match kind {
-        CheckKind::Refund => limiter::refund(limit, state, now, hits),
+fn rust_step(limit: &Limit, state: &State, now: u64, s: &Step, until: u64) -> (Verdict, State) {
+    let (hits, slot) = (s.hits, s.slot);
+    match s.kind {
+        CheckKind::Refund => limiter::refund(limit, state, now, hits, slot, until),
         CheckKind::Enforce | CheckKind::Shadow => {
-            let (verdict, update) = limiter::decide(limit, state, now, hits);
+            let (verdict, update) = limiter::decide(limit, state, now, hits, slot);
             // A cost limit records its charge whatever the verdict.
             let next = if verdict.allowed || limiter::charges_always(limit, hits) {
                 state.after(&update)
@@ -414,9 +479,23 @@ impl Twin {
                 1 => start.saturating_sub(1),
                 _ => end,
             });
-            let (want, next) = rust_step(&case.limit, &state, now, s.hits, s.kind);
+            let until = match (s.kind, s.until_pick) {
+                (CheckKind::Refund, 1) => now,
+                (CheckKind::Refund, 2) => now + 1,
+                (CheckKind::Refund, 3) => match &state {
+                    State::Slots { held } => held
+                        .iter()
+                        .find(|h| h.id == s.slot)
+                        .map_or(now + 2, |h| h.until_us),
+                    _ => now + 2,
+                },
+                _ => 0,
+            };
+            let (want, next) = rust_step(&case.limit, &state, now, s, until);
             let check = Check {
                 kind: s.kind,
+                slot: s.slot,
+                until_us: until,
                 ..Check::enforce(key, &case.limit, s.hits)
             };
             let outcome = self
@@ -489,6 +568,7 @@ twin_tests!(PROVEN, with_redis:
     token_bucket_script_is_its_rust_twin => TokenBucket,
     leaky_bucket_script_is_its_rust_twin => LeakyBucket,
     gcra_script_is_its_rust_twin => Gcra,
+    concurrency_script_is_its_rust_twin => Concurrency,
 );
 
 twin_tests!(PROVEN_OVERDRAFT, overdraft_with_redis:

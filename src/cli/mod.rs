@@ -85,7 +85,7 @@ pub enum Tool {
         #[arg(short, long, default_value_t = 10)]
         n: usize,
         /// How often the view refreshes.
-        #[arg(long, default_value = "2s", value_parser = serve::parse_duration)]
+        #[arg(long, default_value = "2s", value_parser = crate::clock::parse_duration)]
         every: Duration,
         /// Print the view once and exit.
         #[arg(long)]

@@ -27,22 +27,6 @@ pub enum Backend {
     RedisCluster,
 }
 
-/// A duration such as `10ms`, `2s` or `1500us`.
-pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration like 10ms or 2s"))?;
-    match unit {
-        "us" => Ok(Duration::from_micros(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        _ => Err(format!("'{s}': the unit must be us, ms or s")),
-    }
-}
-
 // Debug for the tests only: the Redis URL may carry a password.
 #[cfg_attr(test, derive(Debug))]
 #[derive(clap::Args)]
@@ -76,10 +60,10 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_XDS_TLS_SERVER_NAME", requires = "xds_tls_ca")]
     xds_tls_server_name: Option<String>,
     /// xDS: the first pause before reconnecting; it doubles per failure in a row.
-    #[arg(long, env = "SLUICE_XDS_RETRY_INITIAL", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_XDS_RETRY_INITIAL", default_value = "1s", value_parser = crate::clock::parse_duration)]
     xds_retry_initial: Duration,
     /// xDS: the longest pause before reconnecting.
-    #[arg(long, env = "SLUICE_XDS_RETRY_MAX", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_XDS_RETRY_MAX", default_value = "30s", value_parser = crate::clock::parse_duration)]
     xds_retry_max: Duration,
     /// xDS: serve before the first rules arrive (no limits until then). Without it, the
     /// listeners open once the first rules are applied.
@@ -108,11 +92,11 @@ pub struct ServeArgs {
     redis_pool_size: usize,
     /// The most one Redis call may take before the failure policy answers (Envoy's default
     /// filter timeout is 20ms).
-    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", default_value = "10ms", value_parser = crate::clock::parse_duration)]
     redis_timeout: Duration,
     /// The most one connection attempt to Redis may take. Connections are made ahead, in the
     /// background, so requests do not wait for them.
-    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = crate::clock::parse_duration)]
     redis_connect_timeout: Duration,
     /// Prefix of every Redis key (no braces).
     #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
@@ -124,7 +108,7 @@ pub struct ServeArgs {
     /// How often this node announces itself in Redis (a heartbeat that expires after three), so
     /// that with `local` each node enforces its share of every limit over the fleet it last saw
     /// live when Redis is lost; 0s: each node enforces the whole limit.
-    #[arg(long, env = "SLUICE_FLEET_HEARTBEAT", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_FLEET_HEARTBEAT", default_value = "1s", value_parser = crate::clock::parse_duration)]
     fleet_heartbeat: Duration,
     /// Counters Redis denied are denied on this node until they can fit again, without a Redis
     /// call; this many at most (0: off).
@@ -135,10 +119,10 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MODE", default_value = "strict")]
     mode: Mode,
     /// Hybrid: a lease is used at most this long before its leftover goes back to Redis.
-    #[arg(long, env = "SLUICE_LEASE_TTL", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_LEASE_TTL", default_value = "2s", value_parser = crate::clock::parse_duration)]
     lease_ttl: Duration,
     /// Hybrid: a lease covers about this much of the node's recent traffic for its counter.
-    #[arg(long, env = "SLUICE_LEASE_TARGET", default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_LEASE_TARGET", default_value = "100ms", value_parser = crate::clock::parse_duration)]
     lease_target: Duration,
     /// Headers sluice adds: a comma list of retry-after, draft03, ietf, ratelimit, or none.
     #[arg(
@@ -196,11 +180,11 @@ pub struct ServeArgs {
     /// On SIGTERM, how long sluice keeps answering calls with health NOT_SERVING before it
     /// closes its listeners, so Envoys and Kubernetes stop sending first (a second SIGTERM or
     /// SIGINT ends the wait).
-    #[arg(long, env = "SLUICE_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_DRAIN_DELAY", default_value = "5s", value_parser = crate::clock::parse_duration)]
     drain_delay: Duration,
     /// On SIGTERM, after the drain, how long in-flight calls may take to finish before sluice
     /// exits anyway.
-    #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = crate::clock::parse_duration)]
     shutdown_grace: Duration,
     /// RLQS: most buckets one Envoy's stream may hold (a report naming more ends the stream).
     #[arg(
@@ -215,7 +199,7 @@ pub struct ServeArgs {
     rlqs_max_buckets: usize,
     /// RLQS: a bucket that sees no request for this long is abandoned (Envoy forgets it until
     /// its next request); 0s never abandons. Counted in Envoy's 5-second reports.
-    #[arg(long, env = "SLUICE_RLQS_IDLE_ABANDON", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_RLQS_IDLE_ABANDON", default_value = "60s", value_parser = crate::clock::parse_duration)]
     rlqs_idle_abandon: Duration,
     /// Most descriptors in one request.
     #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
@@ -257,7 +241,7 @@ pub struct ServeArgs {
     )]
     reference_metrics_path: String,
     /// How often the TLS files are read again.
-    #[arg(long, env = "SLUICE_GRPC_TLS_RELOAD_EVERY", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_GRPC_TLS_RELOAD_EVERY", default_value = "10s", value_parser = crate::clock::parse_duration)]
     grpc_tls_reload_every: Duration,
 }
 

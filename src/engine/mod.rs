@@ -63,6 +63,8 @@ struct Resolved<'r> {
     prefix: Range<usize>,
     /// Bytes that pick the Redis Cluster slot: the prefix, or the rule's `hash_tag` entry.
     tag: Range<usize>,
+    /// A concurrency limit's rule: the request's slot, from its entry (0 elsewhere).
+    slot: u64,
 }
 
 /// One check before its key slice is borrowed.
@@ -74,6 +76,8 @@ struct Planned<'r> {
     tag: Range<usize>,
     /// Index of the check that carries it (repeats of one counter share a check).
     check: usize,
+    /// The request's slot under a concurrency limit (0 elsewhere).
+    slot: u64,
     on_failure: Option<crate::counter::FailureMode>,
     mode: Option<crate::counter::Mode>,
     kind: CheckKind,
@@ -134,6 +138,7 @@ impl<S: Store> Engine<S> {
             .collect::<Result<Vec<_>, _>>()?;
         let global_quota = self.settings.global_quota;
         let mut planned = plan(request, &resolved, &mut keys, false, global_quota);
+        one_slot_per_counter(&planned, &keys)?;
         let checks = merge_repeats(&mut planned, &keys);
         let mut outcome = self.store.apply(&checks).await?;
         // Counted once: giving back changes only allowed verdicts, and the tally reads denied ones.
@@ -160,7 +165,7 @@ impl<S: Store> Engine<S> {
     /// is logged: the counters then hold this request's hits until their window ends.
     async fn give_back(&self, checks: &[Check<'_>], outcome: &mut Outcome) {
         let rollback = Rollback::of(checks, &outcome.verdicts, 0..checks.len());
-        let refunds: Vec<Check<'_>> = rollback.refunds(checks).collect();
+        let refunds: Vec<Check<'_>> = rollback.refunds(checks, &outcome.backend_now_us).collect();
         if !refunds.is_empty()
             && let Err(e) = self.store.apply(&refunds).await
         {
@@ -271,18 +276,24 @@ fn resolve<'r>(
     }
     let prefix = start..keys.len();
     let tag = hash_tag(rule, domain_name, &d.entries, keys).unwrap_or_else(|| prefix.clone());
+    let slot = rule
+        .and_then(|r| r.slot_key.as_deref())
+        .and_then(|key| d.entries.iter().find(|(k, _)| k == key))
+        .map_or(0, |(_, value)| crate::limiter::slot_id(value.as_bytes()));
     Ok(Resolved {
         rule,
         plan: plan.map(|(p, _)| p),
         limits,
         prefix,
         tag,
+        slot,
     })
 }
 
 /// Matches `entries` and writes their counter prefix (domain and matched entries) to `keys`.
 /// An entry that names the caller's plan is left out: a caller moved to another plan keeps what
-/// it used where the tiers match. `on_level` sees every matched level.
+/// it used where the tiers match; so is the entry that names a request's slot under a
+/// concurrency limit: the counter is the path above it. `on_level` sees every matched level.
 fn counter_prefix<'r>(
     domain: &'r Domain,
     domain_name: &str,
@@ -297,12 +308,16 @@ fn counter_prefix<'r>(
         keys.entry(key, part);
         on_level(key, part, via);
     });
-    if let Some(PlanSource::Entry(plan_key)) = rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source)
-    {
+    let plan_key = match rule.and_then(|r| r.plan.as_ref()).map(|p| &p.source) {
+        Some(PlanSource::Entry(plan_key)) => Some(plan_key.as_str()),
+        _ => None,
+    };
+    let left_out = plan_key.or(rule.and_then(|r| r.slot_key.as_deref()));
+    if let Some(left_out) = left_out {
         keys.truncate(start);
         keys.domain(domain_name);
         domain.find(pairs(), |key, part, _| {
-            if key != plan_key {
+            if key != left_out {
                 keys.entry(key, part)
             }
         });
@@ -354,7 +369,9 @@ fn plan<'r>(
         };
         let own_rule = !matches!(r.limits, Limits::Override(_));
         let shadow = own_rule && r.rule.is_some_and(|r| r.shadow_mode);
-        let quota = !d.refund
+        // A concurrency limit is never a quota: its slot is one request's.
+        let quota = r.slot == 0
+            && !d.refund
             && !shadow
             && (global_quota || own_rule && r.rule.is_some_and(|r| r.quota_mode));
         let kind = match (d.refund, shadow || quota) {
@@ -382,10 +399,16 @@ fn plan<'r>(
                 key: start..keys.len(),
                 tag: r.tag.clone(),
                 check: 0,
+                slot: r.slot,
                 on_failure: r.rule.and_then(|r| r.failure_mode),
                 mode: r.rule.and_then(|r| r.mode),
                 kind,
-                hits: d.hits,
+                // A request holds one slot of a concurrency limit, whatever its hits say.
+                hits: if tier.limit.algorithm.holds_slots() {
+                    d.hits.min(1)
+                } else {
+                    d.hits
+                },
                 replaced: is_replaced,
                 quota,
                 earlier_hits: 0,
@@ -394,6 +417,25 @@ fn plan<'r>(
         }
     }
     planned
+}
+
+/// A request holds at most one slot of a concurrency counter: two descriptors that name two
+/// slots of one counter (two request ids under one key) are refused, since one call cannot say
+/// which of them its release would end.
+fn one_slot_per_counter(planned: &[Planned<'_>], keys: &KeyBuf) -> Result<(), EngineError> {
+    let slots = || planned.iter().filter(|p| p.slot != 0);
+    for (n, a) in slots().enumerate() {
+        if let Some(b) = slots()
+            .skip(n + 1)
+            .find(|b| b.slot != a.slot && keys.slice(b.key.clone()) == keys.slice(a.key.clone()))
+        {
+            return Err(EngineError::Invalid(format!(
+                "descriptors {} and {} name two requests under one concurrency limit; a call acquires or releases one request's slot",
+                a.descriptor, b.descriptor
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One check per counter: a request that names a counter twice (two identical descriptors)
@@ -431,6 +473,7 @@ fn merge_repeats<'a>(planned: &mut [Planned<'a>], keys: &'a KeyBuf) -> Vec<Check
                     on_failure: p.on_failure,
                     mode: p.mode,
                     until_us: 0,
+                    slot: p.slot,
                 });
             }
         }

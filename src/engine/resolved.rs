@@ -100,6 +100,9 @@ pub fn resolve_descriptor(
     let enforcement = match r.limits {
         Limits::None | Limits::Unlimited => Enforcement::Unlimited,
         _ if planned.is_empty() => Enforcement::Unlimited,
+        // A concurrency limit counts requests in flight, by each request's own calls: a bucket
+        // of usage reports has no request to hold a slot.
+        _ if planned.iter().any(|p| p.tier.limit.algorithm.holds_slots()) => Enforcement::Unlimited,
         _ if settings.global_shadow || shadow => Enforcement::Shadow,
         _ if rule_quota => Enforcement::Unlimited,
         _ => Enforcement::Limited,
@@ -150,6 +153,7 @@ impl<S: Store> Engine<S> {
                 on_failure: c.on_failure,
                 mode: c.mode,
                 until_us: 0,
+                slot: 0,
             })
             .collect();
         if checks.is_empty() {

@@ -36,6 +36,7 @@
 //!    `readme_names_every_algorithm` names a missing one.
 
 mod bucket;
+mod concurrency;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;
@@ -44,6 +45,8 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::calendar::CalendarRef;
+
+pub use concurrency::slot_id;
 
 /// Products in the algorithms never exceed this (the largest integer a double holds exactly).
 pub const EXACT_MAX: u64 = 1 << 53;
@@ -72,10 +75,25 @@ pub enum Algorithm {
     LeakyBucket,
     /// Generic cell rate algorithm: a theoretical arrival time, with tolerance `burst`.
     Gcra,
+    /// At most `requests` requests in flight: each holds a slot from its acquiring call until
+    /// its release, or for at most `period_us` (a rule's `concurrency:`, see `concurrency`).
+    Concurrency,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ];
+
+    /// The algorithms that count hits against a rate: every one but concurrency, which counts
+    /// requests in flight (what a `rate_limit:`'s `algorithm` may name).
+    pub const RATES: [Algorithm; 6] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
@@ -92,6 +110,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -103,7 +122,7 @@ impl Algorithm {
     /// `Limit::tick_us`); the others count whole windows or keep stamps.
     pub const fn has_ticks(self) -> bool {
         match self {
-            Algorithm::FixedWindow | Algorithm::SlidingLog => false,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::Concurrency => false,
             Algorithm::SlidingWindow
             | Algorithm::TokenBucket
             | Algorithm::LeakyBucket
@@ -115,7 +134,10 @@ impl Algorithm {
     /// continuously, up to a capacity.
     pub const fn has_burst(self) -> bool {
         match self {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => false,
+            Algorithm::FixedWindow
+            | Algorithm::SlidingWindow
+            | Algorithm::SlidingLog
+            | Algorithm::Concurrency => false,
             Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => true,
         }
     }
@@ -130,7 +152,8 @@ impl Algorithm {
             Algorithm::SlidingLog
             | Algorithm::TokenBucket
             | Algorithm::LeakyBucket
-            | Algorithm::Gcra => false,
+            | Algorithm::Gcra
+            | Algorithm::Concurrency => false,
         }
     }
 
@@ -150,7 +173,7 @@ impl Algorithm {
             | Algorithm::TokenBucket
             | Algorithm::LeakyBucket
             | Algorithm::Gcra => true,
-            Algorithm::SlidingWindow | Algorithm::SlidingLog => false,
+            Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::Concurrency => false,
         }
     }
 
@@ -164,7 +187,8 @@ impl Algorithm {
             | Algorithm::SlidingLog
             | Algorithm::TokenBucket
             | Algorithm::LeakyBucket
-            | Algorithm::Gcra => false,
+            | Algorithm::Gcra
+            | Algorithm::Concurrency => false,
         }
     }
 
@@ -178,8 +202,30 @@ impl Algorithm {
             | Algorithm::SlidingLog
             | Algorithm::TokenBucket
             | Algorithm::LeakyBucket
-            | Algorithm::Gcra => false,
+            | Algorithm::Gcra
+            | Algorithm::Concurrency => false,
         }
+    }
+
+    /// Whether a denied counter fits again only as time passes: a window ends, a bucket drains,
+    /// a stamp expires. A concurrency limit's slot comes back when any request in flight ends
+    /// (its release), at any moment and on any node, so a denial of it says nothing of the next
+    /// call. The over-limit cache relies on it.
+    pub const fn room_returns_with_time(self) -> bool {
+        match self {
+            Algorithm::FixedWindow
+            | Algorithm::SlidingWindow
+            | Algorithm::SlidingLog
+            | Algorithm::TokenBucket
+            | Algorithm::LeakyBucket
+            | Algorithm::Gcra => true,
+            Algorithm::Concurrency => false,
+        }
+    }
+
+    /// Whether a check names a slot (the request's own, see `concurrency`) besides its counter.
+    pub const fn holds_slots(self) -> bool {
+        matches!(self, Algorithm::Concurrency)
     }
 
     /// A stable one-byte identity, part of storage keys.
@@ -191,6 +237,7 @@ impl Algorithm {
             Algorithm::TokenBucket => 4,
             Algorithm::LeakyBucket => 5,
             Algorithm::Gcra => 6,
+            Algorithm::Concurrency => 7,
         }
     }
 
@@ -484,6 +531,18 @@ pub enum State {
         empty_tick: u64,
         frac: u64,
     },
+    /// Concurrency: the slots held, oldest expiry first (boxed, as a log's stamps are).
+    Slots {
+        held: Box<Vec<Slot>>,
+    },
+}
+
+/// A request in flight under a concurrency limit: its slot, held until `until_us` unless
+/// released before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub id: u64,
+    pub until_us: u64,
 }
 
 // Every counter a store holds is one of these: keep it small (see `Log`).
@@ -498,6 +557,7 @@ impl State {
             State::Sliding { start_us, .. } => start_us + 2 * limit.period_us,
             State::Log { stamps, .. } => stamps.back().map_or(0, |s| s.at_us + limit.period_us),
             State::Meter { empty_tick, frac } => bucket::empty_at_us(limit, *empty_tick, *frac),
+            State::Slots { held } => held.iter().map(|s| s.until_us).max().unwrap_or(0),
         }
     }
 
@@ -510,6 +570,7 @@ impl State {
             } => *current == 0 && *previous == 0,
             State::Log { stamps, .. } => stamps.is_empty(),
             State::Meter { empty_tick, frac } => *empty_tick == 0 && *frac == 0,
+            State::Slots { held } => held.is_empty(),
         }
     }
 }
@@ -549,10 +610,17 @@ impl State {
     }
 }
 
-/// Decides `hits` against `state` at `now_us`. The update is what the store applies if it
-/// commits: only an allowed verdict's, except an overdraft limit's with hits, which the store
-/// records whatever the decision ([`charges_always`]).
-pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
+/// Decides `hits` against `state` at `now_us`; `slot` names the request's slot under a
+/// concurrency limit (0 elsewhere). The update is what the store applies if it commits: only an
+/// allowed verdict's, except an overdraft limit's with hits, which the store records whatever
+/// the decision ([`charges_always`]).
+pub fn decide(
+    limit: &Limit,
+    state: &State,
+    now_us: u64,
+    hits: u64,
+    slot: u64,
+) -> (Verdict, Update) {
     if limit.requests == 0 {
         return (never(limit, now_us, hits), Update::Keep);
     }
@@ -563,6 +631,7 @@ pub fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict,
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
             bucket::decide(limit, state, now_us, hits)
         }
+        Algorithm::Concurrency => concurrency::decide(limit, state, now_us, hits, slot),
     }
 }
 
@@ -572,8 +641,24 @@ pub fn charges_always(limit: &Limit, hits: u64) -> bool {
     limit.overdraft && hits > 0 && limit.requests > 0
 }
 
-/// Gives `hits` back, never below empty. Returns the verdict to report (always allowed).
-pub fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+/// Gives `hits` back, never below empty (a concurrency limit releases `slot`). Returns the
+/// verdict to report (always allowed). `until_us` (0: none) bounds it: a lease's leftover goes
+/// back only while the window it came from lasts (before `until_us`); a concurrency limit
+/// releases the slot only if it expires at `until_us` — the slot this very call acquired, which
+/// a rollback undoes, not one the request held before (a retried call).
+pub fn refund(
+    limit: &Limit,
+    state: &State,
+    now_us: u64,
+    hits: u64,
+    slot: u64,
+    until_us: u64,
+) -> (Verdict, State) {
+    let hits = if until_us != 0 && now_us >= until_us {
+        0
+    } else {
+        hits
+    };
     if limit.requests == 0 {
         return (
             Verdict {
@@ -590,9 +675,10 @@ pub fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict,
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
             bucket::refund(limit, state, now_us, hits)
         }
+        Algorithm::Concurrency => concurrency::refund(state, now_us, hits, slot, until_us),
     };
     // What a probe would see now is what the refund reports.
-    let (verdict, _) = decide(limit, &next, now_us, 0);
+    let (verdict, _) = decide(limit, &next, now_us, 0, slot);
     (verdict, next)
 }
 

@@ -3,6 +3,16 @@ use proptest::prelude::*;
 
 const S: u64 = 1_000_000;
 
+/// [`super::decide`] for the algorithms that name no slot (all but concurrency).
+fn decide(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, Update) {
+    super::decide(limit, state, now_us, hits, 0)
+}
+
+/// [`super::refund`] for the algorithms that name no slot.
+fn refund(limit: &Limit, state: &State, now_us: u64, hits: u64) -> (Verdict, State) {
+    super::refund(limit, state, now_us, hits, 0, 0)
+}
+
 fn limit(algorithm: Algorithm, requests: u64, period_s: u64, burst: Option<u64>) -> Limit {
     Limit::new(algorithm, requests, period_s * S, burst).unwrap()
 }
@@ -68,7 +78,7 @@ fn fixed_window_allows_twice_the_limit_across_a_boundary() {
 
 #[test]
 fn hits_beyond_the_limit_never_fit() {
-    for alg in Algorithm::ALL {
+    for alg in Algorithm::RATES {
         let l = limit(alg, 5, 1, None);
         let (v, _) = decide(&l, &State::Empty, 100 * S, 6);
         assert!(!v.allowed, "{alg}");
@@ -79,7 +89,7 @@ fn hits_beyond_the_limit_never_fit() {
 
 #[test]
 fn probe_checks_without_consuming() {
-    for alg in Algorithm::ALL {
+    for alg in Algorithm::RATES {
         let l = limit(alg, 2, 10, None);
         let mut st = State::Empty;
         let now = 1_000 * S;
@@ -93,7 +103,7 @@ fn probe_checks_without_consuming() {
 
 #[test]
 fn zero_limit_denies_every_hit_but_not_a_probe() {
-    for alg in Algorithm::ALL {
+    for alg in Algorithm::RATES {
         let l = limit(alg, 0, 1, None);
         assert!(!decide(&l, &State::Empty, 5 * S, 1).0.allowed, "{alg}");
         assert!(decide(&l, &State::Empty, 5 * S, 0).0.allowed, "{alg}");
@@ -194,7 +204,7 @@ fn leaky_bucket_drains_at_the_rate() {
 
 #[test]
 fn refunds_give_hits_back_never_below_empty() {
-    for alg in Algorithm::ALL {
+    for alg in Algorithm::RATES {
         let l = limit(alg, 5, 60, None);
         let mut st = State::Empty;
         let now = 3_000 * S;
@@ -274,7 +284,7 @@ fn limit_validation() {
 }
 
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
-    prop::sample::select(Algorithm::ALL.to_vec())
+    prop::sample::select(Algorithm::RATES.to_vec())
 }
 
 proptest! {
@@ -405,6 +415,107 @@ fn all_lists_every_id() {
     );
     for a in Algorithm::ALL {
         assert_eq!(Algorithm::parse(a.name()), Some(a), "{a}");
+        assert_eq!(
+            Algorithm::RATES.contains(&a),
+            !a.holds_slots(),
+            "{a}: Algorithm::RATES lists every algorithm that counts hits"
+        );
+    }
+}
+
+/// Acquires (`hits` > 0) or releases `slot` at `now` under a concurrency limit, committing as a
+/// store does; the verdict.
+fn slot_call(l: &Limit, state: &mut State, now: u64, slot: u64, release: bool) -> Verdict {
+    if release {
+        let (v, next) = super::refund(l, state, now, 1, slot, 0);
+        *state = next;
+        return v;
+    }
+    let (v, update) = super::decide(l, state, now, 1, slot);
+    if v.allowed {
+        state.apply(update);
+    }
+    v
+}
+
+#[test]
+fn a_concurrency_limit_holds_one_slot_per_request_until_release_or_max_hold() {
+    let l = limit(Algorithm::Concurrency, 2, 30, None);
+    let mut state = State::Empty;
+    let t = 1_800_000_000 * S;
+    let v = slot_call(&l, &mut state, t, 11, false);
+    assert_eq!(
+        (v.allowed, v.remaining, v.reset_after_us),
+        (true, 1, 30 * S)
+    );
+    // A retried call keeps one slot.
+    let v = slot_call(&l, &mut state, t + S, 11, false);
+    assert_eq!((v.allowed, v.remaining), (true, 1));
+    assert!(slot_call(&l, &mut state, t + 2 * S, 22, false).allowed);
+    let full = slot_call(&l, &mut state, t + 3 * S, 33, false);
+    assert_eq!(
+        (full.allowed, full.remaining, full.retry_after_us),
+        (false, 0, 27 * S),
+        "full: the oldest slot expires 27 s later"
+    );
+    // Releasing a slot not held (never acquired, denied, released) changes nothing.
+    let v = slot_call(&l, &mut state, t + 3 * S, 33, true);
+    assert_eq!((v.allowed, v.remaining), (true, 0));
+    // A release frees one at once.
+    assert_eq!(slot_call(&l, &mut state, t + 4 * S, 22, true).remaining, 1);
+    assert!(slot_call(&l, &mut state, t + 4 * S, 33, false).allowed);
+    // Slot 11 was never released: it is freed 30 s after it was taken, not before.
+    assert!(!slot_call(&l, &mut state, t + 30 * S - 1, 44, false).allowed);
+    assert!(slot_call(&l, &mut state, t + 30 * S, 44, false).allowed);
+}
+
+#[test]
+fn a_rollback_releases_only_the_slot_its_call_acquired() {
+    let l = limit(Algorithm::Concurrency, 3, 30, None);
+    let t = 1_800_000_000 * S;
+    let mut state = State::Empty;
+    slot_call(&l, &mut state, t, 7, false);
+    // The same request again 5 s later (a retry): its slot expires at t + 30 s, not t + 35 s.
+    let (_, held) = super::refund(&l, &state, t + 5 * S, 1, 7, t + 35 * S);
+    assert_eq!(held, state, "a retried call's rollback leaves the slot");
+    let (v, released) = super::refund(&l, &state, t + 5 * S, 1, 7, t + 30 * S);
+    assert_eq!((v.remaining, released), (3, State::Empty));
+}
+
+proptest! {
+    /// Any sequence of acquires, releases and retries over any limit the rules take, any
+    /// max_hold from a second to a day and any slot number: never more slots live than the
+    /// limit, a request is admitted exactly when its slot is held afterwards, and a slot never
+    /// outlives its max_hold.
+    #[test]
+    fn never_more_in_flight_than_the_limit(
+        requests in 0u64..=u64::from(u32::MAX),
+        max_hold_s in 1u64..=86_400,
+        calls in prop::collection::vec((0u64..8, any::<bool>(), 0u64..3_000_000_000), 1..80),
+        high in any::<bool>(),
+    ) {
+        let requests = if high { requests } else { requests % 5 };
+        let l = limit(Algorithm::Concurrency, requests, max_hold_s, None);
+        let mut state = State::Empty;
+        let mut now = 1_800_000_000 * S;
+        for (pick, release, advance) in calls {
+            now += advance % (2 * max_hold_s * S);
+            // Slot numbers at both ends of their range.
+            let slot = if pick < 4 { pick + 1 } else { (1 << 53) - pick };
+            let v = slot_call(&l, &mut state, now, slot, release);
+            let held: Vec<Slot> = match &state {
+                State::Slots { held } => held.iter().copied().filter(|s| s.until_us > now).collect(),
+                _ => Vec::new(),
+            };
+            prop_assert!(held.len() as u64 <= requests, "{} live over {requests}", held.len());
+            prop_assert!(held.iter().all(|s| s.until_us <= now + max_hold_s * S));
+            if !release {
+                prop_assert_eq!(v.allowed, held.iter().any(|s| s.id == slot));
+            } else {
+                prop_assert!(v.allowed && !held.iter().any(|s| s.id == slot));
+            }
+            prop_assert_eq!(v.remaining, requests.saturating_sub(held.len() as u64));
+        }
     }
 }
 
@@ -753,7 +864,7 @@ mod calendar_windows {
     #[test]
     fn only_fixed_windows_keep_calendar_windows() {
         let c = Calendar::interned("UTC", CalendarUnit::Month).unwrap();
-        for alg in Algorithm::ALL {
+        for alg in Algorithm::RATES {
             let l = limit(alg, 10, 30 * 86_400, None).with_calendar(c);
             assert_eq!(l.is_ok(), alg.has_calendar_windows(), "{alg}");
             if let Err(e) = l {

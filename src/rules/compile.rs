@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::parse::{RawDescriptor, RawFile, RawLimit, RawPlan, parse};
+use super::parse::{RawConcurrency, RawDescriptor, RawFile, RawLimit, RawPlan, parse};
 use super::{
     Domain, KeyBranch, Level, MetricLevel, MetricMatch, Node, Place, Plan, PlanRef, PlanSource,
     Rule, RuleError, Tier, Unit,
@@ -11,6 +11,10 @@ use crate::limiter::{Algorithm, Limit};
 
 /// Deepest descriptor nesting: a request carries at most 32 entries by default.
 pub const MAX_DEPTH: usize = 32;
+
+/// A concurrency limit's `max_hold`, at least and at most.
+const MAX_HOLD_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+const MAX_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3_600);
 /// Most rules in one domain: far beyond any real set, short of exhausting memory.
 pub const MAX_RULES: usize = 100_000;
 
@@ -413,6 +417,9 @@ impl Compiler<'_> {
             }
             (None, None) => Vec::new(),
         };
+        if let Some(c) = &raw.concurrency {
+            return self.concurrency_node(raw, c, here, composite, path, !limits.is_empty());
+        }
         let plan = raw.plan.as_ref().and_then(|p| {
             let at = format!("{here}.plan");
             if !limits.is_empty() {
@@ -472,6 +479,108 @@ impl Compiler<'_> {
             self.rule_count += 1;
             Some(self.rule(raw, here, &limits, path))
         };
+        Node {
+            rule,
+            share: raw.share_threshold,
+            children: self.level(
+                &raw.descriptors,
+                &format!("{here}.descriptors"),
+                composite,
+                path,
+            ),
+        }
+    }
+
+    /// A node with `concurrency:`: one tier of the concurrency algorithm, `limit` slots held
+    /// for at most `max_hold`, and no children (its entry names one request).
+    fn concurrency_node(
+        &mut self,
+        raw: &RawDescriptor,
+        c: &RawConcurrency,
+        here: &str,
+        composite: &str,
+        path: &str,
+        has_limits: bool,
+    ) -> Node {
+        let at = format!("{here}.concurrency");
+        if has_limits || raw.plan.is_some() {
+            self.error(
+                &at,
+                "use either concurrency or rate_limit(s)/plan on one descriptor, not both".into(),
+            );
+        }
+        if !raw.descriptors.is_empty() {
+            self.error(
+                &format!("{here}.descriptors"),
+                "a concurrency limit's entry names one request (its slot): it has no child descriptors; put the limit on the request id's level".into(),
+            );
+        }
+        for (set, field) in [(raw.overdraft, "overdraft"), (raw.quota_mode, "quota_mode")] {
+            if set {
+                self.error(
+                    &format!("{here}.{field}"),
+                    format!("{field} does not apply to a concurrency limit"),
+                );
+            }
+        }
+        let limit = c.limit;
+        if limit.is_none() {
+            self.error(
+                &format!("{at}.limit"),
+                "a concurrency limit needs `limit`: how many requests may be in flight at once"
+                    .into(),
+            );
+        }
+        let max_hold = match c.max_hold.as_deref() {
+            None => {
+                self.error(
+                    &format!("{at}.max_hold"),
+                    "a concurrency limit needs `max_hold`: how long a slot that is never released (a crashed proxy, a lost call) is held; set it above the route's timeout".into(),
+                );
+                None
+            }
+            Some(text) => match crate::clock::parse_duration(text) {
+                Ok(d) if d < MAX_HOLD_MIN || d > MAX_HOLD_MAX => {
+                    self.error(
+                        &format!("{at}.max_hold"),
+                        format!("max_hold must be between 1s and 24h, not {text}"),
+                    );
+                    None
+                }
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.error(&format!("{at}.max_hold"), e);
+                    None
+                }
+            },
+        };
+        let tier = match (limit, max_hold) {
+            (Some(limit), Some(max_hold)) => {
+                let period_us = max_hold.as_micros() as u64;
+                match Limit::new(Algorithm::Concurrency, u64::from(limit), period_us, None) {
+                    Ok(l) => Some(Tier {
+                        name: None,
+                        unit: Unit::Second,
+                        unit_multiplier: u32::try_from(max_hold.as_secs()).unwrap_or(u32::MAX),
+                        requests_per_unit: limit,
+                        limit: l,
+                        replaces: Vec::new(),
+                    }),
+                    Err(e) => {
+                        self.error(&at, e.to_string());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let rule = tier.map(|tier| {
+            self.rule_count += 1;
+            let mut rule = self.rule(raw, here, &[], path);
+            rule.tiers = vec![tier];
+            rule.slot_key = raw.key.clone();
+            rule
+        });
         Node {
             rule,
             share: raw.share_threshold,
@@ -574,6 +683,7 @@ impl Compiler<'_> {
             mode,
             hash_tag: raw.hash_tag.clone().filter(|t| !t.is_empty()),
             plan: None,
+            slot_key: None,
             tiers: if unlimited { Vec::new() } else { tiers },
             unlimited,
             shadow_mode: raw.shadow_mode,
@@ -624,10 +734,17 @@ impl Compiler<'_> {
         };
         let algorithm = match raw.algorithm.as_deref() {
             None => Algorithm::FixedWindow,
+            Some(name) if Algorithm::parse(name).is_some_and(Algorithm::holds_slots) => {
+                self.error(
+                    &format!("{at}.algorithm"),
+                    format!("{name} is not a rate: write `concurrency: {{limit, max_hold}}` on the descriptor whose entry names the request"),
+                );
+                return None;
+            }
             Some(name) => match Algorithm::parse(name) {
                 Some(a) => a,
                 None => {
-                    let known: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                    let known: Vec<_> = Algorithm::RATES.iter().map(|a| a.name()).collect();
                     self.error(
                         &format!("{at}.algorithm"),
                         format!(

@@ -226,6 +226,9 @@ pub struct Rule {
     pub hash_tag: Option<String>,
     /// The limits come from the caller's plan (then `tiers` is empty).
     pub plan: Option<PlanRef>,
+    /// A concurrency limit's rule: the key of the entry whose value names the request's slot
+    /// (this rule's own level). It is left out of the counter: the counter is the path above.
+    pub slot_key: Option<String>,
 }
 
 /// One level of a rule's path, as its metrics label writes it.

@@ -56,6 +56,10 @@ pub struct RawDescriptor {
     pub plan: Option<RawPlanRef>,
     /// Extension: several limits on one descriptor, all of which must allow.
     pub rate_limits: Option<Vec<RawLimit>>,
+    /// Extension: at most `limit` requests in flight. This descriptor's entry names one
+    /// request (its slot, e.g. `x-request-id`); the counter is the path above it. A call with
+    /// hits acquires the request's slot, one with `is_negative_hits` releases it.
+    pub concurrency: Option<RawConcurrency>,
     #[serde(default)]
     pub shadow_mode: bool,
     #[serde(default)]
@@ -108,6 +112,17 @@ pub struct RawLimit {
     /// from local midnight, a week from Monday, a month from the 1st, a year from January 1st.
     /// Units day, week, month and year; fixed_window only; no unit_multiplier.
     pub calendar: Option<String>,
+}
+
+/// A concurrency limit: how many requests may be in flight at once, and how long a slot that
+/// is never released (a crashed proxy, a lost call) is held.
+#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    /// Requests in flight at most.
+    pub limit: Option<u32>,
+    /// A slot not released by then is freed: `30s`, `2m`. Set it above the route's timeout.
+    pub max_hold: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default, JsonSchema)]

@@ -36,6 +36,9 @@ pub struct Check<'a> {
     /// Refunds only: applied only while the store's clock is before this (0: always). A lease's
     /// unused hits may be given back only to the window they were taken from.
     pub until_us: u64,
+    /// A concurrency limit's check: the request's slot (see `limiter::slot_id`), which an
+    /// enforced check acquires and a refund releases; 0 elsewhere.
+    pub slot: u64,
 }
 
 impl<'a> Check<'a> {
@@ -46,10 +49,19 @@ impl<'a> Check<'a> {
         self.kind == CheckKind::Refund || crate::limiter::charges_always(self.limit, self.hits)
     }
 
-    /// The refund that gives back what this check consumed.
-    pub fn undo(&self) -> Self {
+    /// The refund that gives back what this check consumed, decided at `decided_at_us` (the
+    /// backend's clock; 0: unknown). A concurrency limit's slot is released only if it expires
+    /// when this check's acquisition made it expire: a slot the request held already (a retried
+    /// call) is not this call's to give back.
+    pub fn undo(&self, decided_at_us: u64) -> Self {
+        let until_us = if self.limit.algorithm.holds_slots() && decided_at_us != 0 {
+            decided_at_us.saturating_add(self.limit.period_us)
+        } else {
+            0
+        };
         Self {
             kind: CheckKind::Refund,
+            until_us,
             ..*self
         }
     }
@@ -77,6 +89,7 @@ impl<'a> Check<'a> {
             on_failure: None,
             mode: None,
             until_us: 0,
+            slot: 0,
         }
     }
 }
@@ -113,12 +126,16 @@ impl Rollback {
         &self.0
     }
 
-    /// The refunds that undo them, in [`Rollback::indices`]' order.
+    /// The refunds that undo them, in [`Rollback::indices`]' order; `decided_at_us`: when the
+    /// backend decided each check (empty: unknown), see [`Check::undo`].
     pub fn refunds<'a, 'c>(
         &'a self,
         checks: &'a [Check<'c>],
+        decided_at_us: &'a [u64],
     ) -> impl Iterator<Item = Check<'c>> + 'a {
-        self.0.iter().map(|&i| checks[i].undo())
+        self.0
+            .iter()
+            .map(|&i| checks[i].undo(decided_at_us.get(i).copied().unwrap_or(0)))
     }
 
     /// Reports each undone check as if it had not consumed, as a denied batch reports it.

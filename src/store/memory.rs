@@ -69,14 +69,15 @@ enum Kind {
     Window = 0,
     Sliding = 1,
     Meter = 2,
-    /// The state is in the shard's `logs`.
-    Log = 3,
+    /// The state is in the shard's `boxed` table: a sliding log's stamps, a concurrency
+    /// limit's slots.
+    Boxed = 3,
 }
 
 const KIND_BITS: u32 = 2;
 const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
 // Every kind fits its bits (a fifth state shape needs a wider KIND_BITS and `Entry::kind`).
-const _: () = assert!(Kind::Log as u64 <= KIND_MASK);
+const _: () = assert!(Kind::Boxed as u64 <= KIND_MASK);
 
 /// A counter: see the module's docs.
 struct Entry {
@@ -103,7 +104,7 @@ impl Entry {
             0 => Kind::Window,
             1 => Kind::Sliding,
             2 => Kind::Meter,
-            _ => Kind::Log,
+            _ => Kind::Boxed,
         }
     }
 
@@ -111,7 +112,7 @@ impl Entry {
         self.kind_and_expiry >> KIND_BITS
     }
 
-    /// The state, unless it is a log (kept in the shard's `logs`).
+    /// The state, unless it is boxed (kept in the shard's `boxed`).
     fn state(&self) -> Option<State> {
         let [a, b, c] = self.words;
         Some(match self.kind() {
@@ -128,12 +129,12 @@ impl Entry {
                 empty_tick: a,
                 frac: b,
             },
-            Kind::Log => return None,
+            Kind::Boxed => return None,
         })
     }
 
     /// Stores `state`, empty at `expires_at_us`. Returns it back if it is a log, for the
-    /// shard's `logs`.
+    /// shard's `boxed`.
     fn set(&mut self, state: State, expires_at_us: u64) -> Option<State> {
         let (kind, words, log) = match state {
             State::Window { start_us, count } => (Kind::Window, [start_us, count, 0], None),
@@ -145,7 +146,7 @@ impl Entry {
             State::Meter { empty_tick, frac } => (Kind::Meter, [empty_tick, frac, 0], None),
             // Never stored (a commit forgets an empty key); a window of zero hits is empty too.
             State::Empty => (Kind::Window, [0; 3], None),
-            log @ State::Log { .. } => (Kind::Log, [0; 3], Some(log)),
+            boxed @ (State::Log { .. } | State::Slots { .. }) => (Kind::Boxed, [0; 3], Some(boxed)),
         };
         self.words = words;
         // The last µs the word can say is in the year ~75 000: later is as good as never.
@@ -159,8 +160,9 @@ static EMPTY: State = State::Empty;
 /// A shard's keys, and what its reclaiming walk knows about them.
 struct Shard {
     table: HashTable<Entry>,
-    /// Sliding logs' states, whole (their stamps are boxed; few keys use one).
-    logs: HashTable<(KeyId, State)>,
+    /// The states whose parts are boxed, whole: sliding logs (their stamps) and concurrency
+    /// limits (their slots); few keys use one.
+    boxed: HashTable<(KeyId, State)>,
     /// No key here is empty before this: exact after a sweep or a clean lap of the hand,
     /// lowered by every write in between.
     earliest_expiry_us: u64,
@@ -177,7 +179,7 @@ impl Default for Shard {
     fn default() -> Self {
         Shard {
             table: HashTable::new(),
-            logs: HashTable::new(),
+            boxed: HashTable::new(),
             earliest_expiry_us: u64::MAX,
             hand: 0,
             lap_earliest_us: u64::MAX,
@@ -197,25 +199,25 @@ impl Shard {
         Some(match entry.state() {
             Some(state) => Cow::Owned(state),
             None => Cow::Borrowed(
-                self.logs
+                self.boxed
                     .find(id.hash(), |(k, _)| *k == id)
                     .map_or(&EMPTY, |(_, state)| state),
             ),
         })
     }
 
-    /// Takes a log's state out of `logs`.
-    fn take_log(logs: &mut HashTable<(KeyId, State)>, id: KeyId) -> State {
-        match logs.find_entry(id.hash(), |(k, _)| *k == id) {
+    /// Takes a boxed state out of `boxed`.
+    fn take_boxed(boxed: &mut HashTable<(KeyId, State)>, id: KeyId) -> State {
+        match boxed.find_entry(id.hash(), |(k, _)| *k == id) {
             Ok(entry) => entry.remove().0.1,
             Err(_) => State::Empty,
         }
     }
 
-    /// Drops what a forgotten entry kept beside it in `logs`.
-    fn forget_log(logs: &mut HashTable<(KeyId, State)>, gone: &Entry) {
-        if gone.kind() == Kind::Log {
-            Self::take_log(logs, gone.id);
+    /// Drops what a forgotten entry kept beside it in `boxed`.
+    fn forget_boxed(boxed: &mut HashTable<(KeyId, State)>, gone: &Entry) {
+        if gone.kind() == Kind::Boxed {
+            Self::take_boxed(boxed, gone.id);
         }
     }
 
@@ -260,7 +262,7 @@ impl Shard {
                 continue;
             }
             let (gone, _) = entry.remove();
-            Self::forget_log(&mut self.logs, &gone);
+            Self::forget_boxed(&mut self.boxed, &gone);
             dropped += 1;
         }
         dropped
@@ -270,14 +272,14 @@ impl Shard {
     fn sweep(&mut self, now: u64) -> usize {
         let before = self.table.len();
         let mut earliest = u64::MAX;
-        let logs = &mut self.logs;
+        let boxed = &mut self.boxed;
         self.table.retain(|e| {
             let at = e.expires_at_us();
             if at > now {
                 earliest = earliest.min(at);
                 return true;
             }
-            Self::forget_log(logs, e);
+            Self::forget_boxed(boxed, e);
             false
         });
         self.earliest_expiry_us = earliest;
@@ -377,7 +379,7 @@ impl MemoryStore {
             .iter()
             .map(|s| {
                 let s = lock(s);
-                s.table.allocation_size() + s.logs.allocation_size()
+                s.table.allocation_size() + s.boxed.allocation_size()
             })
             .sum()
     }
@@ -482,8 +484,13 @@ impl MemoryStore {
             }
             let shard = &guards[guard_of(slots[i].shard)];
             let committed = shard.state(slots[i].id);
-            let (verdict, update) =
-                limiter::decide(c.limit, committed.as_deref().unwrap_or(&EMPTY), now, c.hits);
+            let (verdict, update) = limiter::decide(
+                c.limit,
+                committed.as_deref().unwrap_or(&EMPTY),
+                now,
+                c.hits,
+                c.slot,
+            );
             // Looking at a counter that does not exist (zero hits) leaves it empty whatever the
             // update says: a probe must not take room.
             let looks_at_nothing = committed.is_none() && c.hits == 0;
@@ -512,7 +519,9 @@ impl MemoryStore {
                 // A cost limit's charge was spent already: recorded whatever the batch does.
                 if allowed || slot.always {
                     self.commit(&mut guards[guard_of(slot.shard)], c, slot.id, update);
-                } else {
+                } else if update != Update::Keep {
+                    // Not consumed after all. (A check that would write nothing, a request
+                    // that holds its concurrency slot already, consumed nothing to give back.)
                     *verdict = verdict.unconsumed(c.hits);
                 }
             }
@@ -521,15 +530,15 @@ impl MemoryStore {
         for (c, (slot, verdict)) in checks.iter().zip(slots.iter().zip(&mut verdicts)) {
             if c.kind == CheckKind::Refund {
                 let shard = &mut guards[guard_of(slot.shard)];
-                // A lease's leftover may only go back to the window it came from.
-                let hits = if c.until_us != 0 && now >= c.until_us {
-                    0
-                } else {
-                    c.hits
-                };
                 let current = shard.state(slot.id);
-                let (refunded, next) =
-                    limiter::refund(c.limit, current.as_deref().unwrap_or(&EMPTY), now, hits);
+                let (refunded, next) = limiter::refund(
+                    c.limit,
+                    current.as_deref().unwrap_or(&EMPTY),
+                    now,
+                    c.hits,
+                    c.slot,
+                    c.until_us,
+                );
                 *verdict = refunded;
                 self.commit(shard, c, slot.id, Update::Set(next));
             }
@@ -547,7 +556,7 @@ impl MemoryStore {
         if update == Update::Keep {
             return;
         }
-        let Shard { table, logs, .. } = shard;
+        let Shard { table, boxed, .. } = shard;
         // `find_entry`, not `entry`: only an insert may rehash the table (see `lap_clean`).
         let (mut entry, inserted) = match table.find_entry(id.hash(), |e| e.id == id) {
             Ok(entry) => (entry, false),
@@ -562,7 +571,7 @@ impl MemoryStore {
         let mut state = match (inserted, entry.get().state()) {
             (true, _) => State::Empty,
             (false, Some(state)) => state,
-            (false, None) => Shard::take_log(logs, id),
+            (false, None) => Shard::take_boxed(boxed, id),
         };
         state.apply(update);
         if state.is_empty() {
@@ -572,7 +581,7 @@ impl MemoryStore {
         }
         let at = state.expires_at_us(check.limit);
         if let Some(log) = entry.get_mut().set(state, at) {
-            logs.insert_unique(id.hash(), (id, log), |(k, _)| k.hash());
+            boxed.insert_unique(id.hash(), (id, log), |(k, _)| k.hash());
         }
         shard.expires_at(at);
         shard.lap_clean &= !inserted;

@@ -115,7 +115,8 @@ impl Denials {
             // A request that can never fit waits "one period" each time it asks: no deadline.
             let steady = c.limit.algorithm.denial_is_steady()
                 || (c.hits == v.remaining.saturating_add(1) && c.limit.can_ever_allow(c.hits));
-            let denied = denied && steady;
+            // A concurrency limit's slot comes back with any request's release, on any node.
+            let denied = denied && steady && c.limit.algorithm.room_returns_with_time();
             if !denied {
                 if (c.kind == CheckKind::Refund || v.allowed)
                     && self.held.load(Ordering::Relaxed) > 0

@@ -81,6 +81,7 @@ impl Leftover {
             on_failure: None,
             mode: None,
             until_us: self.until_us,
+            slot: 0,
         }
     }
 }

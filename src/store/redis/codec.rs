@@ -6,9 +6,10 @@ use crate::store::{Check, CheckKind};
 
 /// One check's arguments as `batch.lua` reads them: a head (algorithm + 8 × kind + 32 × how
 /// many optional fields follow + 256 for a calendar limit), hits, requests, period, then burst,
-/// tick, cap and until with the trailing zeros left off (burst and tick are sent only to the
-/// algorithms that read them), then a calendar limit's windows around `node_now_us`: Redis picks
-/// the one its own clock is in, so decisions stay on Redis `TIME`.
+/// tick, cap, until and slot with the trailing zeros left off (burst and tick are sent only to
+/// the algorithms that read them; a slot only by a concurrency limit's check), then a calendar
+/// limit's windows around `node_now_us`: Redis picks the one its own clock is in, so decisions
+/// stay on Redis `TIME`.
 pub(super) fn push_check(args: &mut Vec<u64>, check: &Check<'_>, node_now_us: u64) {
     let kind: u64 = match check.kind {
         CheckKind::Enforce => 1,
@@ -30,6 +31,7 @@ pub(super) fn push_check(args: &mut Vec<u64>, check: &Check<'_>, node_now_us: u6
         },
         limit.overdraft_cap(),
         check.until_us,
+        check.slot,
     ];
     let extra = optional
         .iter()

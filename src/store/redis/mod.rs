@@ -237,7 +237,7 @@ impl Store for RedisStore {
                     .collect();
                 let undone = rollback.indices().len();
                 let sent: Vec<Check<'_>> = rollback
-                    .refunds(checks)
+                    .refunds(checks, &backend_now_us)
                     .chain(refunds.iter().map(|&i| checks[i].again()))
                     .collect();
                 let sent_keys: Vec<Vec<u8>> = sent.iter().map(|c| self.redis_key(c).0).collect();

@@ -33,6 +33,8 @@ macro_rules! body {
             "\n",
             include_str!("lua/bucket.lua"),
             "\n",
+            include_str!("lua/concurrency.lua"),
+            "\n",
             include_str!("lua/batch.lua"),
         )
     };

@@ -5,13 +5,15 @@
 -- a call share one time. argv[3] holds every other number, packed: 8 bytes each, little-endian
 -- doubles (integers below 2^53, exact). Each group has a header of two: how many checks (keys)
 -- it has and how many numbers follow its header. Then per check: a head, hits, requests,
--- period_us, and as many of burst, tick_us, cap, until as the head says. The head is algorithm
--- + 8 * kind + 32 * extra: algorithm 1 fixed_window, 2 sliding_window, 3 sliding_log, 4..6 the
--- buckets; kind 1 enforce, 2 shadow, 3 refund; extra 0..4, how many of the optional fields
+-- period_us, and as many of burst, tick_us, cap, until, slot as the head says. The head is
+-- algorithm + 8 * kind + 32 * extra: algorithm 1 fixed_window, 2 sliding_window, 3 sliding_log,
+-- 4..6 the buckets, 7 concurrency; kind 1 enforce, 2 shadow, 3 refund; extra 0..5, how many of
+-- the optional fields
 -- follow (the caller leaves off trailing zeros), + 256 for a calendar limit: after the optional
 -- fields, the four boundaries of its windows around the node's clock (see window_of), which
 -- take the place of the period. cap: an overdraft limit's most recorded usage (0: not an
--- overdraft limit, see Limit); until: refunds only, applied only while now < until (0: always).
+-- overdraft limit, see Limit); until: refunds only, applied only while now < until (0: always);
+-- slot: a concurrency limit's request (see concurrency.lua; 0 elsewhere).
 -- The keys are the groups' keys in order, a key per check. A call to a cluster master carrying
 -- several slots' groups declares no key and sends them after argv[3] instead (argv[4] ...):
 -- declared keys must share a slot, and Redis checks each access of a function flagged
@@ -42,15 +44,15 @@ local FIXED_WINDOW = 1
 
 local decide_of = {
   fixed_window_decide, sliding_window_decide, sliding_log_decide,
-  bucket_decide, bucket_decide, bucket_decide,
+  bucket_decide, bucket_decide, bucket_decide, concurrency_decide,
 }
 local commit_of = {
   fixed_window_commit, sliding_window_commit, sliding_log_commit,
-  bucket_commit, bucket_commit, bucket_commit,
+  bucket_commit, bucket_commit, bucket_commit, concurrency_commit,
 }
 local refund_of = {
   fixed_window_refund, sliding_window_refund, sliding_log_refund,
-  bucket_refund, bucket_refund, bucket_refund,
+  bucket_refund, bucket_refund, bucket_refund, concurrency_refund,
 }
 
 -- A limit of 0 requests: nothing ever fits; a probe (0 hits) is allowed.
@@ -61,9 +63,9 @@ local function never(now, hits, period)
   return 0, 0, to_end, to_end
 end
 
-local function decide(now, key, alg, hits, requests, period, burst, tick, cap)
+local function decide(now, key, alg, hits, requests, period, burst, tick, cap, slot)
   if requests == 0 then return never(now, hits, period) end
-  return decide_of[alg](key, now, hits, requests, period, burst, tick, cap)
+  return decide_of[alg](key, now, hits, requests, period, burst, tick, cap, slot)
 end
 
 -- A cost limit's charge was spent already: it is recorded whatever the batch decides.
@@ -73,35 +75,37 @@ end
 
 -- What a probe sees after a refund is what the refund reports. A lease's leftover may only go
 -- back to the window it came from: after `refund_until` (0: no such bound) nothing goes back.
-local function refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
+local function refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until,
+                      slot)
   if refund_until ~= 0 and now >= refund_until then hits = 0 end
   if requests == 0 then
     local _, r, reset, retry = never(now, 0, period)
     return 1, r, reset, retry
   end
-  refund_of[alg](key, now, hits, requests, period, burst, tick, cap)
-  local a, r, reset, retry = decide(now, key, alg, 0, requests, period, burst, tick, cap)
+  refund_of[alg](key, now, hits, requests, period, burst, tick, cap, slot, refund_until)
+  local a, r, reset, retry = decide(now, key, alg, 0, requests, period, burst, tick, cap, slot)
   return a, r, reset, retry
 end
 
 -- The check whose numbers start at nums[b]: its algorithm, kind, hits, limit (requests,
--- period, burst, tick, cap), until, and where the next check's numbers start.
+-- period, burst, tick, cap), until, where the next check's numbers start, and its slot.
 local function check_at(nums, b)
   local head = nums[b]
   local extra = math.floor(head / 32) % 8
   local alg, kind = head % 8, math.floor(head / 8) % 4
   local hits, requests, period = nums[b + 1], nums[b + 2], nums[b + 3]
-  local burst, tick, cap, refund_until = 0, 0, 0, 0
+  local burst, tick, cap, refund_until, slot = 0, 0, 0, 0, 0
   if extra > 0 then burst = nums[b + 4] end
   if extra > 1 then tick = nums[b + 5] end
   if extra > 2 then cap = nums[b + 6] end
   if extra > 3 then refund_until = nums[b + 7] end
+  if extra > 4 then slot = nums[b + 8] end
   local next_b = b + 4 + extra
   if head >= 256 then
     period = { nums[next_b], nums[next_b + 1], nums[next_b + 2], nums[next_b + 3] }
     next_b = next_b + 4
   end
-  return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b
+  return alg, kind, hits, requests, period, burst, tick, cap, refund_until, next_b, slot
 end
 
 -- Takes back what the fast path (in `batches`) added to the first `upto` checks, each within
@@ -123,15 +127,16 @@ end
 local function decide_group(now, keys, k, n, nums, b, replies, m)
   if n == 1 then
     -- Alone, a check that would write decides the batch (or is a charge): it writes at once.
-    local alg, kind, hits, requests, period, burst, tick, cap, refund_until = check_at(nums, b)
+    local alg, kind, hits, requests, period, burst, tick, cap, refund_until, _, slot =
+      check_at(nums, b)
     local key = keys[k + 1]
     local a, r, reset, retry, w1, w2, w3, w4
     if kind == REFUND then
       a, r, reset, retry =
-        refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until)
+        refund(now, key, alg, hits, requests, period, burst, tick, cap, refund_until, slot)
     else
       a, r, reset, retry, w1, w2, w3, w4 =
-        decide(now, key, alg, hits, requests, period, burst, tick, cap)
+        decide(now, key, alg, hits, requests, period, burst, tick, cap, slot)
       if w1 ~= nil and (a == 1 or is_charge(hits, requests, cap)) then
         commit_of[alg](key, now, requests, period, burst, tick, cap, w1, w2, w3, w4)
       end
@@ -149,14 +154,15 @@ local function decide_group(now, keys, k, n, nums, b, replies, m)
   local allowed = 1
   for i = 1, n do
     local at = b
-    local alg, kind, hits, requests, period, burst, tick, cap, _, next_b = check_at(nums, b)
+    local alg, kind, hits, requests, period, burst, tick, cap, _, next_b, slot =
+      check_at(nums, b)
     b = next_b
     if kind == REFUND then
       refunds[#refunds + 1] = i
       refunds[#refunds + 1] = at
     else
       local a, r, reset, retry, w1, w2, w3, w4 =
-        decide(now, keys[k + i], alg, hits, requests, period, burst, tick, cap)
+        decide(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, slot)
       local o = m + (i - 1) * 4
       replies[o + 1], replies[o + 2], replies[o + 3], replies[o + 4] = a, r, reset, retry
       local charge = 0
@@ -187,11 +193,11 @@ local function decide_group(now, keys, k, n, nums, b, replies, m)
   -- Refunds apply whatever the decision: they return hits an earlier request consumed.
   for p = 1, #refunds, 2 do
     local i = refunds[p]
-    local alg, _, hits, requests, period, burst, tick, cap, refund_until =
+    local alg, _, hits, requests, period, burst, tick, cap, refund_until, _, slot =
       check_at(nums, refunds[p + 1])
     local o = m + (i - 1) * 4
     replies[o + 1], replies[o + 2], replies[o + 3], replies[o + 4] =
-      refund(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, refund_until)
+      refund(now, keys[k + i], alg, hits, requests, period, burst, tick, cap, refund_until, slot)
   end
 end
 
