@@ -956,3 +956,304 @@ async fn three_envoys_on_rlqs_with_two_sluice_nodes_sharing_redis_admit_at_most_
     b.stop().await.unwrap();
     assert_rlqs_windows(&seen, "two sluice nodes, one Redis");
 }
+
+const CONCURRENCY_RULES: &str = r#"
+domain: e2e
+descriptors:
+  - key: api_key
+    descriptors:
+      - key: request_id
+        concurrency: {limit: 3, max_hold: 60s}
+"#;
+
+/// MAX_HOLD of `CONCURRENCY_RULES`, in µs of sluice's (manual) clock.
+const MAX_HOLD_US: u64 = 60_000_000;
+
+/// deploy/envoy/concurrency.yaml's placement: acquire before the request, release when its
+/// stream ends, both in the route's typed_per_filter_config (where Envoy 1.40 honours
+/// `hits_addend` for the stream-end call), keyed by the `x-request-id` the connection manager
+/// generates.
+const CONCURRENCY_ROUTES: &str = r#"
+              - match: {prefix: "/"}
+                route: {cluster: upstream, timeout: 30s}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions:
+                      - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}
+                    - actions:
+                      - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+                      - request_headers: {header_name: x-request-id, descriptor_key: request_id}
+                      hits_addend: {number: 1, is_negative_hits: true}
+                      apply_on_stream_done: true"#;
+
+/// A slow upstream: counts the requests in flight per `x-api-key` (and the most seen at once),
+/// holds each request to `/hold` until the test opens the gate, and answers the rest at once.
+struct SlowUpstream {
+    addr: std::net::SocketAddr,
+    /// Per API key: (in flight now, the most ever).
+    in_flight: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
+    /// Each opening lets every request held until then go.
+    gate: tokio::sync::watch::Sender<u64>,
+    /// Rings when a request arrives.
+    arrived: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl SlowUpstream {
+    async fn start() -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let in_flight: std::sync::Arc<
+            std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
+        > = Default::default();
+        let (gate, _) = tokio::sync::watch::channel(0u64);
+        let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (counts, opened, ring) = (in_flight.clone(), gate.clone(), arrived.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (counts, mut opened, ring) = (counts.clone(), opened.subscribe(), ring.clone());
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    // One request after another on a kept-alive connection (no bodies: GETs).
+                    loop {
+                        let (mut path, mut key) = (String::new(), String::new());
+                        loop {
+                            let Ok(Some(line)) = lines.next_line().await else {
+                                return;
+                            };
+                            if line.is_empty() {
+                                break;
+                            }
+                            if path.is_empty() {
+                                path = line.split(' ').nth(1).unwrap_or_default().to_owned();
+                            } else if let Some((k, v)) = line.split_once(':')
+                                && k.eq_ignore_ascii_case("x-api-key")
+                            {
+                                key = v.trim().to_owned();
+                            }
+                        }
+                        let generation = *opened.borrow_and_update();
+                        {
+                            let mut counts = counts.lock().unwrap();
+                            let (now, most) = counts.entry(key.clone()).or_default();
+                            *now += 1;
+                            *most = (*most).max(*now);
+                        }
+                        ring.notify_waiters();
+                        if path.starts_with("/hold") {
+                            let _ = opened.wait_for(|g| *g > generation).await;
+                        }
+                        counts.lock().unwrap().get_mut(&key).unwrap().0 -= 1;
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
+                        if write.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            in_flight,
+            gate,
+            arrived,
+        }
+    }
+
+    /// (in flight now, the most ever) for `key`.
+    fn seen(&self, key: &str) -> (u64, u64) {
+        self.in_flight
+            .lock()
+            .unwrap()
+            .get(key)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Waits (bounded) until `n` requests of `key` are in flight.
+    async fn until_in_flight(&self, key: &str, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.seen(key).0 < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{n} requests of {key} never reached the upstream: {:?}",
+                self.seen(key)
+            );
+            let _ = tokio::time::timeout(
+                left.min(Duration::from_millis(200)),
+                self.arrived.notified(),
+            )
+            .await;
+        }
+    }
+
+    fn open(&self) {
+        self.gate.send_modify(|g| *g += 1);
+    }
+}
+
+/// Envoy on `CONCURRENCY_ROUTES` in front of the slow upstream, calling sluice at `rls`.
+async fn concurrency_envoy(rls: u16, upstream: std::net::SocketAddr, name: &str) -> Envoy {
+    let (front, admin) = (free_port(), free_port());
+    let filter = r#"
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: e2e
+              failure_mode_deny: true
+              timeout: 2s
+              rate_limit_service:
+                grpc_service: {envoy_grpc: {cluster_name: rls}, timeout: 2s}
+                transport_api_version: V3"#;
+    let clusters = format!(
+        r#"{}
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}}}]}}]"#,
+        grpc_cluster("rls", rls, ""),
+        upstream.port()
+    );
+    let config = front_envoy(admin, front, CONCURRENCY_ROUTES, filter, "", &clusters);
+    run_envoy_config(&config, front, admin, name).await
+}
+
+/// What sluice says is free of `key`'s concurrency limit (`GET /counters`, spending nothing).
+async fn free_slots(http: std::net::SocketAddr, key: &str) -> u64 {
+    let (code, body) = http_get(
+        http,
+        &format!("/counters?domain=e2e&descriptor=api_key={key},request_id=probe"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value =
+        serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap_or(&body)).unwrap();
+    json["descriptors"][0]["limits"][0]["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining in {json}"))
+}
+
+/// Waits (bounded) until sluice says `n` slots of `key` are free: the stream-end releases are
+/// Envoy's fire-and-forget calls after the responses.
+async fn until_free(http: std::net::SocketAddr, key: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let free = free_slots(http, key).await;
+        if free == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{free} slots free of {key}, never {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Concurrency limits through a real Envoy: 8 clients at once on a limit of 3 put exactly 3 in
+/// the upstream and get 5 × 429; once those 3 end, their slots are released by Envoy's
+/// stream-end calls and a request passes at once. Then an Envoy is SIGKILLed with 3 requests in
+/// flight: no release ever comes, and its slots come back `max_hold` after they were taken on
+/// sluice's clock — not a microsecond before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_holds_requests_in_flight_through_envoy() {
+    let server = start(CONCURRENCY_RULES, "retry-after", EngineSettings::default()).await;
+    let (rls, http) = (server.running.grpc_addr.port(), server.running.http_addr);
+    let upstream = SlowUpstream::start().await;
+    let envoy = concurrency_envoy(rls, upstream.addr, "envoy-concurrency").await;
+    let front = envoy.front;
+
+    let (done, mut results) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..8 {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let r = http_get_raw(front, "/hold", &[("x-api-key", "k")]).await;
+            let _ = done.send((i, status(&r)));
+        });
+    }
+    let mut denied = 0;
+    for _ in 0..5 {
+        let (i, code) = tokio::time::timeout(Duration::from_secs(20), results.recv())
+            .await
+            .expect("five answers while three are held")
+            .unwrap();
+        assert_eq!(code, 429, "client {i}");
+        denied += 1;
+    }
+    upstream.until_in_flight("k", 3).await;
+    let (now, most) = upstream.seen("k");
+    println!(
+        "8 clients at once on a limit of 3: {denied} got 429, {now} in the upstream (most at once: {most})"
+    );
+    assert_eq!(
+        (now, most),
+        (3, 3),
+        "never more than the limit in the upstream"
+    );
+    assert_eq!(free_slots(http, "k").await, 0);
+
+    upstream.open();
+    for _ in 0..3 {
+        let (i, code) = tokio::time::timeout(Duration::from_secs(20), results.recv())
+            .await
+            .expect("the held requests end")
+            .unwrap();
+        assert_eq!(code, 200, "client {i}");
+    }
+    // Their streams ended: Envoy released the three slots (and the five denied ones' releases
+    // changed nothing).
+    until_free(http, "k", 3).await;
+    let r = http_get_raw(front, "/now", &[("x-api-key", "k")]).await;
+    assert_eq!(status(&r), 200, "a request passes at once: {r}");
+    assert_eq!(upstream.seen("k").1, 3);
+
+    // An Envoy killed with three requests in flight never releases them.
+    until_free(http, "k", 3).await;
+    let mut killed = concurrency_envoy(rls, upstream.addr, "envoy-concurrency-killed").await;
+    for _ in 0..3 {
+        let front = killed.front;
+        tokio::spawn(async move { http_get_raw(front, "/hold", &[("x-api-key", "k")]).await });
+    }
+    upstream.until_in_flight("k", 3).await;
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    upstream.open();
+    assert_eq!(
+        free_slots(http, "k").await,
+        0,
+        "the crashed Envoy's slots stay held"
+    );
+    let r = http_get_raw(front, "/now", &[("x-api-key", "k")]).await;
+    assert_eq!(status(&r), 429, "{r}");
+    // sluice's clock stands where the slots were taken: max_hold later, and not before, they
+    // are freed.
+    server.clock.advance(MAX_HOLD_US - 1);
+    assert_eq!(
+        free_slots(http, "k").await,
+        0,
+        "a microsecond before max_hold"
+    );
+    assert_eq!(
+        status(&http_get_raw(front, "/now", &[("x-api-key", "k")]).await),
+        429
+    );
+    server.clock.advance(1);
+    assert_eq!(free_slots(http, "k").await, 3, "at max_hold");
+    let r = http_get_raw(front, "/now", &[("x-api-key", "k")]).await;
+    assert_eq!(status(&r), 200, "{r}");
+    println!(
+        "an Envoy SIGKILLed with 3 in flight: its slots came back at max_hold (60 s on sluice's clock), not 1 µs before"
+    );
+    drop(envoy);
+    server.running.stop().await.unwrap();
+}
