@@ -690,3 +690,124 @@ fn overdraft_is_refused_where_it_cannot_be_exact() {
         "{e}"
     );
 }
+
+const CONCURRENCY_RULES: &str = r#"
+domain: api
+descriptors:
+  - key: key
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: request
+        concurrency: {limit: 2, max_hold: 30s}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+
+fn in_flight(key: &str, request: &str, release: bool) -> Descriptor {
+    Descriptor {
+        refund: release,
+        ..desc(&[("key", key), ("request", request)], 1)
+    }
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_is_all_or_nothing_with_the_request_s_rate_limits() {
+    let (clock, e) = engine_on(
+        &[("api.yaml", CONCURRENCY_RULES)],
+        1_000_000,
+        EngineSettings::default(),
+    );
+    // Two in flight for key k: the third request is over, and its tenant hit is not spent.
+    for r in ["r1", "r2"] {
+        assert_eq!(run(&e, vec![in_flight("k", r, false)]).await.code, Code::Ok);
+    }
+    let d = run(
+        &e,
+        vec![in_flight("k", "r3", false), desc(&[("tenant", "t")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(
+        (
+            d.statuses[0].code,
+            d.statuses[0].remaining,
+            d.statuses[0].duration_us
+        ),
+        (Code::OverLimit, 0, Some(30 * S)),
+        "full: the oldest slot expires in 30 s"
+    );
+    assert_eq!(d.statuses[1].remaining, 1, "the tenant's hit was not spent");
+    // A release frees one; a rate limit that denies then takes no slot.
+    assert_eq!(
+        run(&e, vec![in_flight("k", "r1", true)]).await.code,
+        Code::Ok
+    );
+    assert_eq!(
+        run(&e, vec![desc(&[("tenant", "t")], 1)]).await.code,
+        Code::Ok
+    );
+    let d = run(
+        &e,
+        vec![in_flight("k", "r4", false), desc(&[("tenant", "t")], 1)],
+    )
+    .await;
+    assert_eq!(d.code, Code::OverLimit);
+    assert_eq!(d.statuses[0].remaining, 1, "r4 took no slot");
+    // A retried call keeps one slot; a release of a slot not held changes nothing.
+    assert_eq!(
+        run(&e, vec![in_flight("k", "r2", false)]).await.statuses[0].remaining,
+        1
+    );
+    assert_eq!(
+        run(&e, vec![in_flight("k", "r9", true)]).await.statuses[0].remaining,
+        1
+    );
+    // Slots are per key: another key has its own.
+    assert_eq!(
+        run(&e, vec![in_flight("j", "r1", false)]).await.statuses[0].remaining,
+        1
+    );
+    // r2's slot is freed 30 s after it was taken.
+    clock.advance(30 * S);
+    assert_eq!(
+        run(&e, vec![in_flight("k", "r5", false)]).await.statuses[0].remaining,
+        1
+    );
+}
+
+#[tokio::test]
+async fn one_call_names_one_request_of_a_concurrency_counter() {
+    let (_, e) = engine_on(
+        &[("api.yaml", CONCURRENCY_RULES)],
+        1_000_000,
+        EngineSettings::default(),
+    );
+    let err = e
+        .decide(&req(vec![
+            in_flight("k", "r1", false),
+            in_flight("k", "r2", false),
+        ]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "descriptors 0 and 1 name two requests under one concurrency limit; a call acquires or releases one request's slot"
+    );
+    // The same request twice holds one slot; two keys are two counters.
+    let d = run(
+        &e,
+        vec![in_flight("k", "r1", false), in_flight("k", "r1", false)],
+    )
+    .await;
+    assert_eq!(d.code, Code::Ok);
+    let d = run(
+        &e,
+        vec![in_flight("k", "r2", false), in_flight("j", "r3", false)],
+    )
+    .await;
+    assert_eq!(d.code, Code::Ok);
+    assert_eq!(
+        run(&e, vec![in_flight("k", "r3", false)]).await.code,
+        Code::OverLimit
+    );
+}

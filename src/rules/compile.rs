@@ -579,6 +579,7 @@ impl Compiler<'_> {
             let mut rule = self.rule(raw, here, &[], path);
             rule.tiers = vec![tier];
             rule.slot_key = raw.key.clone();
+            self.check_hybrid(here, rule.mode, &rule.tiers);
             rule
         });
         Node {
@@ -590,6 +591,21 @@ impl Compiler<'_> {
                 composite,
                 path,
             ),
+        }
+    }
+
+    /// `mode: hybrid` only where every limit may be leased.
+    fn check_hybrid(&mut self, here: &str, mode: Option<crate::counter::Mode>, tiers: &[Tier]) {
+        let unsound = tiers.iter().find(|t| !t.limit.algorithm.leasable());
+        if let (Some(crate::counter::Mode::Hybrid), Some(tier)) = (mode, unsound) {
+            self.error(
+                &format!("{here}.mode"),
+                format!(
+                    "mode: hybrid applies only to {} limits, not to {} (a lease held unused would let it admit more than its limit)",
+                    Algorithm::names_where(Algorithm::leasable),
+                    tier.limit.algorithm
+                ),
+            );
         }
     }
 
@@ -653,17 +669,7 @@ impl Compiler<'_> {
         }
         let failure_mode = self.choice(here, "failure_mode", raw.failure_mode.as_deref());
         let mode = self.choice(here, "mode", raw.mode.as_deref());
-        let unsound = tiers.iter().find(|t| !t.limit.algorithm.leasable());
-        if let (Some(crate::counter::Mode::Hybrid), Some(tier)) = (mode, unsound) {
-            self.error(
-                &format!("{here}.mode"),
-                format!(
-                    "mode: hybrid applies only to {} limits, not to {} (a lease held unused would let it admit more than its limit)",
-                    Algorithm::names_where(Algorithm::leasable),
-                    tier.limit.algorithm
-                ),
-            );
-        }
+        self.check_hybrid(here, mode, &tiers);
         if raw.overdraft && mode == Some(crate::counter::Mode::Hybrid) {
             self.error(
                 &format!("{here}.mode"),

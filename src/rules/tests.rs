@@ -684,3 +684,62 @@ fn calendar_windows_are_checked_where_they_are_written() {
     assert_eq!(free.unit(), crate::calendar::CalendarUnit::Month);
     assert_eq!(tier("pro").calendar, None);
 }
+
+/// A concurrency limit's refusals, each named by its file and field.
+#[test]
+fn a_bad_concurrency_limit_is_refused_where_it_is_written() {
+    let one = |body: &str| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: id\n{body}")
+    };
+    let cases = [
+        (
+            one("        concurrency: {limit: 3}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency.max_hold: a concurrency limit needs `max_hold`: how long a slot that is never released (a crashed proxy, a lost call) is held; set it above the route's timeout",
+        ),
+        (
+            one("        concurrency: {max_hold: 30s}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency.limit: a concurrency limit needs `limit`: how many requests may be in flight at once",
+        ),
+        (
+            one("        concurrency: {limit: 3, max_hold: 500ms}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency.max_hold: max_hold must be between 1s and 24h, not 500ms",
+        ),
+        (
+            one("        concurrency: {limit: 3, max_hold: 25h}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency.max_hold: max_hold must be between 1s and 24h, not 25h",
+        ),
+        (
+            one("        concurrency: {limit: 3, max_hold: soon}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency.max_hold: 'soon' is not a duration like 10ms, 2s or 5m",
+        ),
+        (
+            one("        concurrency: {limit: 3, max_hold: 30s}\n        rate_limit: {unit: second, requests_per_unit: 1}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].concurrency: use either concurrency or rate_limit(s)/plan on one descriptor, not both",
+        ),
+        (
+            one("        concurrency: {limit: 3, max_hold: 30s}\n        descriptors:\n          - key: x\n            rate_limit: {unit: second, requests_per_unit: 1}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].descriptors: a concurrency limit's entry names one request (its slot): it has no child descriptors; put the limit on the request id's level",
+        ),
+        (
+            one("        overdraft: true\n        concurrency: {limit: 3, max_hold: 30s}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].overdraft: overdraft does not apply to a concurrency limit",
+        ),
+        (
+            one("        mode: hybrid\n        concurrency: {limit: 3, max_hold: 30s}\n"),
+            "rules.yaml: descriptors[0].descriptors[0].mode: mode: hybrid applies only to fixed_window and sliding_window limits, not to concurrency (a lease held unused would let it admit more than its limit)",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: concurrency}\n".to_owned(),
+            "rules.yaml: descriptors[0].rate_limit.algorithm: concurrency is not a rate: write `concurrency: {limit, max_hold}` on the descriptor whose entry names the request",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(errors(&text), [want.to_string()], "for {text}");
+    }
+    let negative = errors(&one("        concurrency: {limit: -1, max_hold: 30s}\n"));
+    assert!(
+        negative[0].contains("concurrency.limit: invalid type: integer `-1`, expected u32"),
+        "{}",
+        negative[0]
+    );
+}
