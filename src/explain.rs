@@ -235,11 +235,26 @@ fn describe(
         } else {
             ""
         };
-        let _ = writeln!(
-            out,
-            "  limit{name}: {} per {window}, {}{burst}{status}",
-            t.requests_per_unit, t.limit.algorithm
-        );
+        if t.limit.algorithm.holds_slots() {
+            let _ = writeln!(
+                out,
+                "  limit: {} in flight (concurrency), a slot held at most {:?}{status}",
+                t.requests_per_unit,
+                std::time::Duration::from_micros(t.limit.period_us)
+            );
+            if let Some(key) = &rule.slot_key {
+                let _ = writeln!(
+                    out,
+                    "    held by: each request, named by its {key} entry (acquired with hits, released with is_negative_hits)"
+                );
+            }
+        } else {
+            let _ = writeln!(
+                out,
+                "  limit{name}: {} per {window}, {}{burst}{status}",
+                t.requests_per_unit, t.limit.algorithm
+            );
+        }
         let (redis, slot) = redis_key(redis_prefix.as_bytes(), &c.tag, &c.key, t.limit.algorithm);
         let _ = writeln!(out, "    counter: {}", String::from_utf8_lossy(&c.key));
         let _ = writeln!(

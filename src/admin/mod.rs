@@ -282,8 +282,16 @@ async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response
     (StatusCode::OK, out).into_response()
 }
 
-/// `unit=MINUTE requests_per_unit=20`, as the reference prints a limit.
+/// `unit=MINUTE requests_per_unit=20`, as the reference prints a limit; a concurrency limit as
+/// `concurrency limit=3 max_hold=120s`.
 fn tier_line(t: &crate::rules::Tier) -> String {
+    if t.limit.algorithm.holds_slots() {
+        return format!(
+            "concurrency limit={} max_hold={:?}",
+            t.requests_per_unit,
+            std::time::Duration::from_micros(t.limit.period_us)
+        );
+    }
     let multiplier = if t.unit_multiplier == 1 {
         String::new()
     } else {
