@@ -5,7 +5,7 @@
 //! environment is read in too (`reference_env`).
 
 mod live;
-mod reference_env;
+pub mod reference_env;
 mod serve;
 
 use std::net::SocketAddr;

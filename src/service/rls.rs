@@ -6,9 +6,12 @@
 //! streams of messages in any codec and compression, and a rate-limit call is one small message
 //! each way. Their per-call machinery (a decoding stream, an encoding stream, a status turned into
 //! a header map, three boxed futures) cost more than the decision itself (callgrind: ~4 200
-//! instructions a call). What an RLS client may send is still answered as tonic answers it: a
-//! compressed or oversized message, or a body that is not one whole message, gets the same gRPC
-//! status; `grpc-timeout` is the listener's (tonic's server applies it to every service).
+//! instructions a call). What an RLS client may send is answered with a status that says what
+//! was wrong with it: a compressed message UNIMPLEMENTED and an oversized one OUT_OF_RANGE, as
+//! tonic answers them; a body that is not one whole message, or a message that is not a
+//! `RateLimitRequest`, INVALID_ARGUMENT with the reason (tonic and grpc-go say INTERNAL, which
+//! tells an operator the server broke; Envoy treats every error alike). `grpc-timeout` is the
+//! listener's (tonic's server applies it to every service).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -100,7 +103,9 @@ async fn read_request(request: GrpcRequest) -> Result<RateLimitRequest, Status> 
     }
     let body = read_body(request.into_body()).await?;
     let message = one_message(body)?;
-    RateLimitRequest::decode(message).map_err(|e| Status::internal(e.to_string()))
+    RateLimitRequest::decode(message).map_err(|e| {
+        Status::invalid_argument(format!("the message is not a RateLimitRequest: {e}"))
+    })
 }
 
 /// The body's bytes, at most one prefix and [`MAX_REQUEST_BYTES`] of message: usually one
@@ -136,22 +141,22 @@ async fn read_body(mut body: tonic::body::Body) -> Result<Bytes, Status> {
 /// The one message of a unary call's body.
 fn one_message(mut body: Bytes) -> Result<Bytes, Status> {
     if body.is_empty() {
-        return Err(Status::internal("Missing request message."));
+        return Err(Status::invalid_argument("Missing request message."));
     }
     let Some(prefix) = body.get(..PREFIX_BYTES) else {
-        return Err(Status::internal(
+        return Err(Status::invalid_argument(
             "a request body shorter than a gRPC message's 5-byte prefix",
         ));
     };
     match prefix[0] {
         0 => {}
         1 => {
-            return Err(Status::internal(
+            return Err(Status::invalid_argument(
                 "protocol error: received message with compressed-flag but no grpc-encoding was specified",
             ));
         }
         flag => {
-            return Err(Status::internal(format!(
+            return Err(Status::invalid_argument(format!(
                 "protocol error: received message with invalid compression flag: {flag} (valid flags are 0 and 1)"
             )));
         }
@@ -163,11 +168,11 @@ fn one_message(mut body: Bytes) -> Result<Bytes, Status> {
     let message = body.split_off(PREFIX_BYTES);
     match message.len().cmp(&len) {
         std::cmp::Ordering::Equal => Ok(message),
-        std::cmp::Ordering::Less => Err(Status::internal(format!(
+        std::cmp::Ordering::Less => Err(Status::invalid_argument(format!(
             "the request body ends inside its message ({} of {len} bytes)",
             message.len()
         ))),
-        std::cmp::Ordering::Greater => Err(Status::internal(
+        std::cmp::Ordering::Greater => Err(Status::invalid_argument(
             "a unary call carries one message; this body carries more",
         )),
     }
@@ -251,20 +256,23 @@ mod tests {
     }
 
     #[test]
-    fn a_body_that_is_not_one_message_gets_the_status_tonic_gives() {
+    fn a_body_that_is_not_one_message_is_an_invalid_argument() {
         let code = |body: Bytes| one_message(body).unwrap_err().code();
-        assert_eq!(code(Bytes::new()), tonic::Code::Internal);
-        assert_eq!(code(Bytes::from_static(&[0, 0, 0])), tonic::Code::Internal);
+        assert_eq!(code(Bytes::new()), tonic::Code::InvalidArgument);
+        assert_eq!(
+            code(Bytes::from_static(&[0, 0, 0])),
+            tonic::Code::InvalidArgument
+        );
         // Compressed without a grpc-encoding, or a flag gRPC does not define.
-        assert_eq!(code(framed(1, 3, b"abc")), tonic::Code::Internal);
-        assert_eq!(code(framed(7, 3, b"abc")), tonic::Code::Internal);
+        assert_eq!(code(framed(1, 3, b"abc")), tonic::Code::InvalidArgument);
+        assert_eq!(code(framed(7, 3, b"abc")), tonic::Code::InvalidArgument);
         // Shorter or longer than its prefix says.
-        assert_eq!(code(framed(0, 4, b"abc")), tonic::Code::Internal);
-        assert_eq!(code(framed(0, 2, b"abc")), tonic::Code::Internal);
+        assert_eq!(code(framed(0, 4, b"abc")), tonic::Code::InvalidArgument);
+        assert_eq!(code(framed(0, 2, b"abc")), tonic::Code::InvalidArgument);
         // Past the limit, whatever follows; u32::MAX is the largest a prefix can say.
         assert_eq!(code(framed(0, u32::MAX, b"abc")), tonic::Code::OutOfRange);
         let limit = MAX_REQUEST_BYTES as u32;
         assert_eq!(code(framed(0, limit + 1, b"")), tonic::Code::OutOfRange);
-        assert_eq!(code(framed(0, limit, b"")), tonic::Code::Internal);
+        assert_eq!(code(framed(0, limit, b"")), tonic::Code::InvalidArgument);
     }
 }
