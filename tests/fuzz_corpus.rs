@@ -10,8 +10,11 @@ mod bodies;
 
 use std::path::Path;
 
+/// A target's body: its input's bytes in.
+type Body = fn(&[u8]);
+
 /// Each target and its body.
-const TARGETS: [(&str, fn(&[u8])); 10] = [
+const TARGETS: [(&str, Body); 10] = [
     ("rls_door", bodies::rls_door),
     ("answer_encoder", bodies::answer_encoder),
     ("rules_yaml", bodies::rules_yaml),

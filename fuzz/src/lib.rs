@@ -351,7 +351,7 @@ fn request(input: &mut Input<'_>, domain: &str, keys: &[&str]) -> Request {
             Descriptor {
                 entries,
                 hits: input.below(4),
-                refund: input.u8() % 8 == 0,
+                refund: input.u8().is_multiple_of(8),
                 ..Descriptor::default()
             }
         })
@@ -429,7 +429,7 @@ pub fn rlqs_stream(data: &[u8]) {
             if input.is_empty() {
                 break;
             }
-            if input.u8() % 4 == 0 {
+            if input.u8().is_multiple_of(4) {
                 clock.advance(input.below(10_000_000));
                 let _ = session.tick().await;
                 continue;
@@ -479,7 +479,7 @@ pub fn rlqs_stream(data: &[u8]) {
 /// or refused with errors that name the resource.
 pub fn xds_resource(data: &[u8]) {
     let mut input = Input::new(data);
-    let type_url = if input.u8() % 8 == 0 {
+    let type_url = if input.u8().is_multiple_of(8) {
         input.text(&[])
     } else {
         "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig".to_owned()
@@ -688,7 +688,7 @@ pub fn algorithms(data: &[u8]) {
     ) else {
         return;
     };
-    if algorithm.counts_past_limit() && input.u8() % 4 == 0 {
+    if algorithm.counts_past_limit() && input.u8().is_multiple_of(4) {
         limit = limit.with_overdraft().unwrap();
     }
     let mut now = START_US;
@@ -708,7 +708,7 @@ pub fn algorithms(data: &[u8]) {
             window = limit.window_at(now);
             admitted = 0;
         }
-        if input.u8() % 4 == 0 {
+        if input.u8().is_multiple_of(4) {
             let until = if input.bool() {
                 now + input.below(limit.period_us)
             } else {
