@@ -642,7 +642,9 @@ pub fn charges_always(limit: &Limit, hits: u64) -> bool {
 }
 
 /// Gives `hits` back, never below empty (a concurrency limit releases `slot`). Returns the
-/// verdict to report (always allowed). `until_us` (0: none) bounds it: a lease's leftover goes
+/// verdict to report: the state a look (0 hits) sees after it — denied while usage is still
+/// over the limit (a cost limit's debt, a lowered limit); the engine answers a refund OK
+/// whatever it says. `until_us` (0: none) bounds it: a lease's leftover goes
 /// back only while the window it came from lasts (before `until_us`); a concurrency limit
 /// releases the slot only if it expires at `until_us` — the slot this very call acquired, which
 /// a rollback undoes, not one the request held before (a retried call).

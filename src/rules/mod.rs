@@ -22,7 +22,7 @@ pub use load::{
     LoadOptions, MAX_FILE_BYTES, load_parsed_with, load_path, load_path_with, load_texts,
     load_texts_with,
 };
-pub use parse::{RawDescriptor, RawFile, RawLimit, RawReplace, schema};
+pub use parse::{RawDescriptor, RawFile, RawLimit, RawReplace, rewritten, schema};
 pub use pattern::Pattern;
 
 use crate::limiter::Limit;

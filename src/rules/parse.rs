@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {
     pub domain: Option<String>,
@@ -23,7 +23,7 @@ pub struct RawFile {
     pub clients: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawPlan {
     /// `unlimited`.
@@ -35,7 +35,7 @@ pub enum RawPlan {
 }
 
 /// Where a rule takes the caller's plan from.
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawPlanRef {
     /// The value of this entry is looked up in `clients`.
@@ -46,7 +46,7 @@ pub struct RawPlanRef {
     pub limits: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawDescriptor {
     pub key: Option<String>,
@@ -92,7 +92,7 @@ pub struct RawDescriptor {
     pub descriptors: Vec<RawDescriptor>,
 }
 
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub unit: Option<String>,
@@ -116,7 +116,7 @@ pub struct RawLimit {
 
 /// A concurrency limit: how many requests may be in flight at once, and how long a slot that
 /// is never released (a crashed proxy, a lost call) is held.
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConcurrency {
     /// Requests in flight at most.
@@ -125,7 +125,7 @@ pub struct RawConcurrency {
     pub max_hold: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawReplace {
     pub name: Option<String>,
@@ -145,4 +145,10 @@ pub fn parse(text: &str) -> Result<RawFile, serde_yaml::Error> {
         return Ok(RawFile::default());
     }
     serde_yaml::from_str(text)
+}
+
+/// One file's text as sluice read it, written back as YAML: what it means, nothing of how it
+/// was spelled. It loads to the same rules as the text (the rules fuzzer checks it).
+pub fn rewritten(text: &str) -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&parse(text)?)
 }
