@@ -98,9 +98,29 @@ end
 -- The fast path (run inline by batch.lua's `batches`): a check that is not a cost limit and has
 -- hits adds them first, in one command, where a decision otherwise reads (HGET) and then writes
 -- (HINCRBY); the count before is the result less the hits. Where the window already counts (the
--- common case) that is the decision; where the count before was 0 the hash may not have held the
--- window (a new window, a stale one, the old form), so the addition is taken back and the
+-- common case) that is the decision. Where the count before was 0 the hash may not have held the
+-- window — a window's first hit, which is most hits where keys are many (a key per user or
+-- address, touched a few times a window) — and `fixed_window_first` settles it.
+
+-- The first hit of a window on the fast path (the count before it 0, `hits` within the limit):
+-- whether the addition stands, as the general path would have decided. It stands where the
+-- hash held the window at 0, and where the window is new — then the hash becomes what the
+-- general path makes it: this window's field alone, expiring with the window. Where the old
+-- form counts this window (a rollout), it does not: the caller takes the hit back and the
 -- general path decides.
+local function fixed_window_first(key, field, hits, start, finish, now)
+  local ttl = redis.call('PTTL', key)
+  local fields = redis.call('HLEN', key)
+  if ttl >= 0 and fields == 1 then return true end
+  local s, c = load_ints(string.sub(key, 1, -2))
+  if s == start and c ~= 0 then return false end
+  if fields > 1 then
+    redis.call('DEL', key)
+    redis.call('HSET', key, field, hits)
+  end
+  expire_at(key, finish, now)
+  return true
+end
 
 -- Takes back what the fast path added, exactly. From a count of 0: the hash holds one field
 -- at most, so two fields mean the window's was new; a key without a TTL was made by the
