@@ -548,15 +548,10 @@ async fn sentinel_failover_demotes_the_master_and_the_nodes_follow() {
     assert!(keys.lines().count() >= 2, "{keys}");
 }
 
-/// `failure_mode: local` with the fleet heartbeat: three nodes that saw each other in Redis
-/// enforce a third each of what was left when Redis is lost, so the window admits the limit
-/// (plus at most two for rounding), not three times it; and they decide on Redis again once it
-/// returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
-    let mut redis = RedisServer::start();
-    let rules = "domain: f\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
-    let nodes: Vec<common::Assembled> = (0..3)
+/// Three nodes on `redis` with `rules`, `failure_mode: local` and the fleet heartbeat, as
+/// `sluice serve` builds them.
+fn fleet_of_three(redis: &RedisServer, rules: &str) -> Vec<common::Assembled> {
+    (0..3)
         .map(|_| {
             common::assemble(
                 &StoreConfig {
@@ -568,7 +563,50 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
                 rules,
             )
         })
-        .collect();
+        .collect()
+}
+
+/// What `nodes` admit of `request`, 400 calls each, with Redis gone: every call answered by the
+/// failure policy.
+async fn admitted_with_redis_gone(nodes: &[common::Assembled], request: &Request) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..400 {
+        for node in nodes {
+            let d = node.decide(request).await.unwrap();
+            assert!(
+                d.decided_by.is_policy(),
+                "Redis is gone: the policy decides"
+            );
+            admitted += u64::from(d.code == Code::Ok);
+        }
+    }
+    admitted
+}
+
+/// Restarts `redis` and waits (bounded) until every node decides on it again (the breaker
+/// probes it).
+async fn back_on_redis(redis: &mut RedisServer, nodes: &[common::Assembled], request: &Request) {
+    redis.restart();
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(10);
+    for node in nodes {
+        until_on_redis(node, request, deadline, "still on the failure policy").await;
+    }
+    eprintln!(
+        "every node decided on Redis again {:?} after it returned",
+        back.elapsed()
+    );
+}
+
+/// `failure_mode: local` with the fleet heartbeat: three nodes that saw each other in Redis
+/// enforce a third each of what was left when Redis is lost, so the window admits the limit
+/// (plus at most two for rounding), not three times it; and they decide on Redis again once it
+/// returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
+    let mut redis = RedisServer::start();
+    let rules = "domain: f\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
+    let nodes = fleet_of_three(&redis, rules);
     let hit = || Request {
         domain: "f".into(),
         descriptors: vec![Descriptor::of(&[("k", "shared")], 1)],
@@ -585,34 +623,14 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
     }
     assert!(nodes.iter().all(|n| n.upkeep.fleet_nodes() == 3));
     redis.kill();
-    let mut admitted = 0;
-    for _ in 0..400 {
-        for node in &nodes {
-            let d = node.decide(&hit()).await.unwrap();
-            assert!(
-                d.decided_by.is_policy(),
-                "Redis is gone: the policy decides"
-            );
-            admitted += u64::from(d.code == Code::Ok);
-        }
-    }
+    let admitted = admitted_with_redis_gone(&nodes, &hit()).await;
     // Each node: a third of what it last saw left (299, 298, 297 after the three hits on
     // Redis), rounded up; the window, those three hits counted, holds at most 300 + 2. Without
     // the heartbeat, 900 during the outage.
     let window = 3 + admitted;
     eprintln!("the window admitted {window} (limit 300): 3 on Redis, {admitted} during the outage");
     assert!((300..=302).contains(&window), "limit + nodes − 1: {window}");
-    // Back on Redis once it returns (the breaker probes it).
-    redis.restart();
-    let back = Instant::now();
-    let deadline = back + Duration::from_secs(10);
-    for node in &nodes {
-        until_on_redis(node, &hit(), deadline, "still on the failure policy").await;
-    }
-    eprintln!(
-        "every node decided on Redis again {:?} after it returned",
-        back.elapsed()
-    );
+    back_on_redis(&mut redis, &nodes, &hit()).await;
 }
 
 /// `failure_mode: local` through an outage that begins mid-window: three nodes, 300 an hour,
@@ -623,19 +641,7 @@ async fn with_redis_lost_a_fleet_of_three_keeps_one_limit() {
 async fn an_outage_mid_window_counts_what_was_spent_before_it() {
     let mut redis = RedisServer::start();
     let rules = "domain: f\ndescriptors:\n  - key: k\n    failure_mode: local\n    rate_limit: {unit: hour, requests_per_unit: 300}\n";
-    let nodes: Vec<common::Assembled> = (0..3)
-        .map(|_| {
-            common::assemble(
-                &StoreConfig {
-                    failure_mode: FailureMode::Local,
-                    over_limit_cache: 0,
-                    fleet_heartbeat: Duration::from_secs(1),
-                    ..shared_config(Topology::Standalone(redis.url()), TIMEOUT)
-                },
-                rules,
-            )
-        })
-        .collect();
+    let nodes = fleet_of_three(&redis, rules);
     let hit = || Request {
         domain: "f".into(),
         descriptors: vec![Descriptor::of(&[("k", "half")], 1)],
@@ -656,17 +662,7 @@ async fn an_outage_mid_window_counts_what_was_spent_before_it() {
     assert_eq!(before, 200);
     assert!(nodes.iter().all(|n| n.upkeep.fleet_nodes() == 3));
     redis.kill();
-    let mut during = 0;
-    for _ in 0..400 {
-        for node in &nodes {
-            let d = node.decide(&hit()).await.unwrap();
-            assert!(
-                d.decided_by.is_policy(),
-                "Redis is gone: the policy decides"
-            );
-            during += u64::from(d.code == Code::Ok);
-        }
-    }
+    let during = admitted_with_redis_gone(&nodes, &hit()).await;
     let window = before + during;
     eprintln!(
         "the window admitted {window} (limit 300): {before} on Redis, {during} during the outage"
@@ -676,12 +672,7 @@ async fn an_outage_mid_window_counts_what_was_spent_before_it() {
         window >= 300,
         "the fleet still admits what was left: {window}"
     );
-    // A decision on Redis again once it returns.
-    redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for node in &nodes {
-        until_on_redis(node, &hit(), deadline, "still on the failure policy").await;
-    }
+    back_on_redis(&mut redis, &nodes, &hit()).await;
 }
 
 /// Issue 27 item 4: `--redis-timeout` above half a second means what it says. The client
@@ -764,40 +755,14 @@ async fn a_redis_timeout_above_half_a_second_is_honoured() {
     );
 }
 
-/// A `sluice serve` process on Redis in hybrid mode (its leases held for an hour, so only the
-/// shutdown gives them back) with `--redis-timeout` `timeout` and a heartbeat every 100 ms.
+/// A `sluice serve` process on Redis in hybrid mode (see `common::serve_hybrid_on_redis`) with
+/// `--redis-timeout` `timeout` and a heartbeat every 100 ms.
 async fn serve_on(
     redis: &RedisServer,
     timeout: &str,
 ) -> (tokio::process::Child, std::net::SocketAddr) {
-    let dir = common::temp_dir("faults-stop");
-    std::fs::write(
-        dir.join("s.yaml"),
-        "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1000000}\n",
-    )
-    .unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .kill_on_drop(true)
-        .args(["serve", "--backend", "redis", "--mode", "hybrid"])
-        .args([
-            "--lease-ttl",
-            "3600s",
-            "--drain-delay",
-            "0s",
-            "--json-endpoint",
-        ])
-        .args(["--fleet-heartbeat", "100ms"])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--redis-url", &redis.url(), "--redis-timeout", timeout])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{http}").parse().unwrap();
-    common::wait_listening(addr).await;
+    let flags = ["--redis-timeout", timeout, "--fleet-heartbeat", "100ms"];
+    let (child, addr, _) = common::serve_hybrid_on_redis(&redis.url(), "faults-stop", &flags).await;
     (child, addr)
 }
 

@@ -412,36 +412,9 @@ async fn a_retried_request_applies_its_refunds_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_stopped_with_sigterm_gives_its_leases_back() {
     let redis = RedisServer::start();
-    let dir = common::temp_dir("hybrid-sigterm");
-    // A day-long window: the test cannot straddle two windows unless run at midnight UTC.
-    std::fs::write(
-        dir.join("s.yaml"),
-        "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1000000}\n",
-    )
-    .unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        // A failed test must not leave a server holding the test runner's output open.
-        .kill_on_drop(true)
-        .args(["serve", "--backend", "redis", "--mode", "hybrid"])
-        // Leases outlive the test, so only the shutdown gives them back.
-        .args([
-            "--lease-ttl",
-            "3600s",
-            "--drain-delay",
-            "0s",
-            "--json-endpoint",
-        ])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--redis-url", &redis.url(), "--redis-timeout", "1s"])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{http}").parse().unwrap();
-    common::wait_listening(addr).await;
+    let (mut child, addr, dir) =
+        common::serve_hybrid_on_redis(&redis.url(), "hybrid-sigterm", &["--redis-timeout", "1s"])
+            .await;
     let body = r#"{"domain":"s","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
     let counted = || {
         assert!(

@@ -479,6 +479,18 @@ impl Compiler<'_> {
             self.rule_count += 1;
             Some(self.rule(raw, here, &limits, path))
         };
+        self.node_of(raw, rule, here, composite, path)
+    }
+
+    /// The node of `raw` with its `rule`, and its children compiled below it.
+    fn node_of(
+        &mut self,
+        raw: &RawDescriptor,
+        rule: Option<Rule>,
+        here: &str,
+        composite: &str,
+        path: &str,
+    ) -> Node {
         Node {
             rule,
             share: raw.share_threshold,
@@ -582,16 +594,7 @@ impl Compiler<'_> {
             self.check_hybrid(here, rule.mode, &rule.tiers);
             rule
         });
-        Node {
-            rule,
-            share: raw.share_threshold,
-            children: self.level(
-                &raw.descriptors,
-                &format!("{here}.descriptors"),
-                composite,
-                path,
-            ),
-        }
+        self.node_of(raw, rule, here, composite, path)
     }
 
     /// `mode: hybrid` only where every limit may be leased.

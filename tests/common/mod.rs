@@ -278,3 +278,44 @@ pub async fn wait_listening(addr: std::net::SocketAddr) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The `sluice` binary on the Redis at `redis_url`, in hybrid mode with leases held for an
+/// hour (so only a shutdown gives them back), `/json` on, no drain delay, `extra` flags after;
+/// serving `s=v`-style descriptors of domain `s`, a million a day (a day-long window: a test
+/// straddles two only at midnight UTC). The process, its HTTP address, and its rules folder.
+pub async fn serve_hybrid_on_redis(
+    redis_url: &str,
+    name: &str,
+    extra: &[&str],
+) -> (tokio::process::Child, std::net::SocketAddr, PathBuf) {
+    let dir = temp_dir(name);
+    std::fs::write(
+        dir.join("s.yaml"),
+        "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1000000}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
+        .args(["serve", "--backend", "redis", "--mode", "hybrid"])
+        .args([
+            "--lease-ttl",
+            "3600s",
+            "--drain-delay",
+            "0s",
+            "--json-endpoint",
+        ])
+        .arg("--config")
+        .arg(&dir)
+        .args(["--redis-url", redis_url])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{http}").parse().unwrap();
+    wait_listening(addr).await;
+    (child, addr, dir)
+}
