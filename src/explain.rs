@@ -78,20 +78,15 @@ pub fn explain_buckets(
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let resolved = match crate::rlqs::resolve(
-            rules,
-            &engine::EngineSettings::default(),
-            domain,
-            &pairs,
-            crate::counter::FailureMode::default(),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = writeln!(out, "  the bucket is refused: {e}");
-                continue;
-            }
-        };
-        let Some(ordered) = &resolved.entries else {
+        let resolved =
+            match crate::rlqs::resolve(rules, &engine::EngineSettings::default(), domain, &pairs) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = writeln!(out, "  the bucket is refused: {e}");
+                    continue;
+                }
+            };
+        let Some(ordered) = resolved.entries() else {
             let _ = writeln!(
                 out,
                 "  no rule of domain '{domain}' matches these entries in any order\n  assignment: ALLOW_ALL (renewed with each report)"
@@ -116,7 +111,7 @@ pub fn explain_buckets(
                 "ALLOW_ALL; what the Envoy reports it admitted is counted (shadow mode)".to_owned()
             }
             Enforcement::Limited => {
-                let windowed = resolved.limits().iter().all(|l| l.algorithm.leasable());
+                let windowed = resolved.limits().iter().all(|l| l.algorithm.windowed());
                 format!(
                     "token buckets drawn from the limits above, {}",
                     if windowed {

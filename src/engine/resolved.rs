@@ -24,18 +24,17 @@ pub enum Enforcement {
     Limited,
 }
 
-/// One descriptor of one domain, resolved against one rule set: its rule, its limits, its
-/// failure policy, and the checks a hit makes, their keys written once.
+/// One descriptor of one domain, resolved against one rule set: how its hits are treated, its
+/// limits, and the checks a hit makes, their keys written once. (Its failure policy is the
+/// checks'; an application says which mode decided, see [`Applied::decided_by`].)
 #[derive(Debug, Clone)]
 pub struct ResolvedDescriptor {
-    /// The matched rule's path; None when no rule matched.
-    pub rule: Option<String>,
+    /// The descriptor's entries, in the rules' nesting order.
+    pub entries: Vec<(String, String)>,
     pub enforcement: Enforcement,
     /// The limits a hit is denied by (the ones `replaces` drops, shadow and quota-mode limits
     /// left out); empty unless [`Enforcement::Limited`].
     pub limits: Vec<Limit>,
-    /// The rule's own failure mode, when it sets one (else the store's default applies).
-    pub failure_mode: Option<FailureMode>,
     /// Quota mode (the rule's or the service's): the checks deny only together, and a
     /// denied one gives back what the others consumed, as [`Engine::decide`] does.
     quota: bool,
@@ -70,7 +69,7 @@ pub fn resolve_descriptor(
     rules: &RuleSet,
     settings: &EngineSettings,
     domain_name: &str,
-    entries: &[(String, String)],
+    entries: Vec<(String, String)>,
 ) -> Result<Option<ResolvedDescriptor>, EngineError> {
     let Some(domain) = rules.domain(domain_name) else {
         return Ok(None);
@@ -78,7 +77,7 @@ pub fn resolve_descriptor(
     let request = Request {
         domain: domain_name.to_owned(),
         descriptors: vec![Descriptor {
-            entries: entries.to_vec(),
+            entries,
             ..Descriptor::default()
         }],
     };
@@ -122,12 +121,14 @@ pub fn resolve_descriptor(
             mode: p.mode,
         })
         .collect();
+    let quota = planned.iter().any(|p| p.quota);
+    drop(planned);
+    let [descriptor] = request.descriptors.try_into().expect("one descriptor");
     Ok(Some(ResolvedDescriptor {
-        rule: rule.map(|r| r.path.clone()),
+        entries: descriptor.entries,
         enforcement,
         limits,
-        failure_mode: rule.and_then(|r| r.failure_mode),
-        quota: planned.iter().any(|p| p.quota),
+        quota,
         keys,
         checks,
     }))

@@ -57,7 +57,6 @@ pub use policy::{
 pub use stream::{Resolved, Session, resolve};
 
 use crate::clock::Clock;
-use crate::counter::FailureMode;
 use crate::engine::Engine;
 use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::store::Store;
@@ -72,8 +71,6 @@ pub struct QuotaOptions {
     pub idle_reports_to_abandon: u32,
     /// How often each stream looks for windows that end and assignments to renew.
     pub tick: Duration,
-    /// The failure policy of rules that set none (the store's default).
-    pub default_failure_mode: FailureMode,
 }
 
 impl Default for QuotaOptions {
@@ -84,7 +81,6 @@ impl Default for QuotaOptions {
             // A minute of 5-second reports.
             idle_reports_to_abandon: 12,
             tick: Duration::from_secs(1),
-            default_failure_mode: FailureMode::default(),
         }
     }
 }

@@ -42,7 +42,7 @@ pub fn period_end_us<'a>(limits: impl IntoIterator<Item = &'a Limit>, now_us: u6
     limits
         .into_iter()
         .map(|limit| {
-            let end = if limit.algorithm.leasable() {
+            let end = if limit.algorithm.windowed() {
                 limit.window_at(now_us).1
             } else {
                 next_multiple(now_us, MICROS_PER_SECOND)

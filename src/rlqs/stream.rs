@@ -87,36 +87,26 @@ async fn serve<S: Store>(
     tracing::info!(?peer, why = ended, "RLQS stream ended");
 }
 
-/// How the rules treat a bucket: what the explain tool prints and the stream acts on.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// The bucket's entries in the order the rules nest them; None when no rule matches.
-    pub entries: Option<Vec<(String, String)>>,
-    /// What the engine resolved those entries to: the checks a grant or a charge applies.
-    pub descriptor: Option<ResolvedDescriptor>,
-    /// What to assign when the backend cannot answer (the rule's, else the default).
-    pub failure_mode: FailureMode,
-}
+/// How the rules treat a bucket: what the explain tool prints and the stream acts on. None
+/// when no rule nests these entries (or the domain is not configured): allowed.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved(pub Option<ResolvedDescriptor>);
 
 impl Resolved {
-    /// No rule applies: allowed.
-    fn allowed(failure_mode: FailureMode) -> Self {
-        Self {
-            entries: None,
-            descriptor: None,
-            failure_mode,
-        }
+    /// The bucket's entries in the order the rules nest them, when a rule nests them.
+    pub fn entries(&self) -> Option<&Vec<(String, String)>> {
+        self.0.as_ref().map(|d| &d.entries)
     }
 
     pub fn enforcement(&self) -> Enforcement {
-        self.descriptor
+        self.0
             .as_ref()
             .map_or(Enforcement::Unlimited, |d| d.enforcement)
     }
 
     /// The limits a grant is drawn from.
     pub fn limits(&self) -> &[Limit] {
-        self.descriptor.as_ref().map_or(&[], |d| &d.limits)
+        self.0.as_ref().map_or(&[], |d| &d.limits)
     }
 
     pub fn treatment(&self, now_us: u64) -> Treatment {
@@ -146,23 +136,17 @@ pub fn resolve(
     settings: &EngineSettings,
     domain: &str,
     entries: &[(&str, &str)],
-    default_failure_mode: FailureMode,
 ) -> Result<Resolved, EngineError> {
     let Some(ordered) = rules.domain(domain).and_then(|d| d.order_entries(entries)) else {
-        return Ok(Resolved::allowed(default_failure_mode));
+        return Ok(Resolved(None));
     };
-    let entries: Vec<(String, String)> = ordered
+    let entries = ordered
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    let Some(descriptor) = engine::resolve_descriptor(rules, settings, domain, &entries)? else {
-        return Ok(Resolved::allowed(default_failure_mode));
-    };
-    Ok(Resolved {
-        entries: Some(entries),
-        failure_mode: descriptor.failure_mode.unwrap_or(default_failure_mode),
-        descriptor: Some(descriptor),
-    })
+    Ok(Resolved(engine::resolve_descriptor(
+        rules, settings, domain, entries,
+    )?))
 }
 
 /// One bucket of the stream.
@@ -486,18 +470,11 @@ fn resolve_id<S: Store>(
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    resolve(
-        rules,
-        shared.engine.settings(),
-        domain,
-        &entries,
-        shared.options.default_failure_mode,
-    )
-    .unwrap_or_else(|e| {
-        // The bounds were checked on the way in; a rule the explain path refuses is allowed
-        // rather than guessed at.
+    resolve(rules, shared.engine.settings(), domain, &entries).unwrap_or_else(|e| {
+        // The bounds were checked on the way in; a rule the engine refuses is allowed rather
+        // than guessed at.
         tracing::warn!(error = %e, "RLQS bucket not resolved; allowed");
-        Resolved::allowed(shared.options.default_failure_mode)
+        Resolved(None)
     })
 }
 
@@ -518,7 +495,7 @@ fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatm
 
 /// Charges `hits` the Envoy admitted on its own (its fallback, or a shadow rule).
 async fn charge<S: Store>(shared: &Shared<S>, resolved: &Resolved, hits: u64) {
-    let Some(descriptor) = &resolved.descriptor else {
+    let Some(descriptor) = &resolved.0 else {
         return;
     };
     if let Err(e) = shared.engine.apply_hits(descriptor, hits).await {
@@ -644,7 +621,7 @@ async fn grant<S: Store>(
     until_us: u64,
     counter: &CounterId,
 ) -> Granted {
-    let Some(descriptor) = &bucket.resolved.descriptor else {
+    let Some(descriptor) = &bucket.resolved.0 else {
         return Granted::PolicyAllow;
     };
     let mut hits = want;

@@ -179,10 +179,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let quota = Arc::new(QuotaService::new(
         engine.clone(),
         store_config.clocks.wall.clone(),
-        QuotaOptions {
-            default_failure_mode: store_config.failure_mode,
-            ..config.quota
-        },
+        QuotaOptions { ..config.quota },
         config.metrics.clone().map(|m| m as Arc<dyn QuotaObserver>),
         stopped.clone(),
     ));
