@@ -115,6 +115,25 @@ impl KeyBuf {
     }
 }
 
+/// FNV-1a, 64 bits: a fixed hash, so every node computes the same one (a counter's Redis slot
+/// tag, a request's slot number).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The slot number of a request under a concurrency limit, from its id (see
+/// `limiter::concurrency`): 53 bits of [`fnv1a`] (so the Lua twin holds it exactly in a double),
+/// never 0 (0 names no slot). Two live requests of one counter share a slot only if their ids
+/// collide in 53 bits; ids are the proxy's own (`x-request-id`), not the client's.
+pub fn slot_id(request_id: &[u8]) -> u64 {
+    (fnv1a(request_id) & ((1 << 53) - 1)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

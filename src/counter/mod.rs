@@ -10,7 +10,7 @@
 mod key;
 mod unit;
 
-pub use key::KeyBuf;
+pub use key::{KeyBuf, fnv1a, slot_id};
 pub use unit::Unit;
 
 use crate::clock::MICROS_PER_SECOND;

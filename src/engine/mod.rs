@@ -279,7 +279,7 @@ fn resolve<'r>(
     let slot = rule
         .and_then(|r| r.slot_key.as_deref())
         .and_then(|key| d.entries.iter().find(|(k, _)| k == key))
-        .map_or(0, |(_, value)| crate::limiter::slot_id(value.as_bytes()));
+        .map_or(0, |(_, value)| crate::counter::slot_id(value.as_bytes()));
     Ok(Resolved {
         rule,
         plan: plan.map(|(p, _)| p),

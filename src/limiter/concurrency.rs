@@ -1,6 +1,6 @@
 //! Concurrency: at most `requests` requests in flight at once. Each request holds a *slot*,
 //! named by its request (a number the engine derives from the request's id, see
-//! [`slot_id`]), from the call that acquires it (positive hits) until the call that releases
+//! `counter::slot_id`), from the call that acquires it (positive hits) until the call that releases
 //! it (a refund of the same slot, `is_negative_hits`), or until `period_us` (the rule's
 //! `max_hold`) has passed since it was acquired, whichever comes first.
 //!
@@ -14,18 +14,6 @@
 //! decision that writes drops them.
 
 use super::{Limit, Slot, State, Update, Verdict};
-
-/// The slot number of a request id: 53 bits of FNV-1a (so the Lua twin holds it exactly in a
-/// double), never 0 (0 names no slot). Two live requests of one counter share a slot only if
-/// their ids collide in 53 bits; ids are the proxy's own (`x-request-id`), not the client's.
-pub fn slot_id(request_id: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in request_id {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h & ((1 << 53) - 1)).max(1)
-}
 
 const NO_SLOTS: &[Slot] = &[];
 

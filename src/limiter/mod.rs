@@ -46,8 +46,6 @@ use std::fmt;
 
 use crate::calendar::CalendarRef;
 
-pub use concurrency::slot_id;
-
 /// Products in the algorithms never exceed this (the largest integer a double holds exactly).
 pub const EXACT_MAX: u64 = 1 << 53;
 

@@ -38,21 +38,26 @@ impl LastSeen {
         }
     }
 
-    /// The backend answered `c`'s counter with `remaining` at `now_us` (this node's clock).
+    /// The backend answered `c`'s counter with `remaining` at `now_us` (this node's clock). On
+    /// the strict path, every decision: a window's end (a calendar's is a time-zone reckoning)
+    /// is computed once per window, not per call.
     pub fn learn(&self, c: &Check<'_>, remaining: u64, now_us: u64) {
         if !c.limit.algorithm.windowed() {
             return;
         }
-        let (_, window_end_us) = c.limit.window_at(now_us);
-        let seen = Seen {
-            limit: *c.limit,
-            window_end_us,
-            remaining,
-        };
         let mut entries = self.entries.lock(c.key);
         if let Some(s) = entries.get_mut(c.key) {
-            *s = seen;
+            if s.limit != *c.limit || now_us >= s.window_end_us {
+                s.limit = *c.limit;
+                s.window_end_us = c.limit.window_at(now_us).1;
+            }
+            s.remaining = remaining;
         } else if entries.len() < self.max_per_shard {
+            let seen = Seen {
+                limit: *c.limit,
+                window_end_us: c.limit.window_at(now_us).1,
+                remaining,
+            };
             entries.insert(c.key.into(), seen);
         }
     }

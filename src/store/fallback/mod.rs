@@ -120,7 +120,7 @@ impl<S: Store> Fallback<S> {
         }
         let mut now = None;
         for (c, v) in checks.iter().zip(&outcome.verdicts) {
-            if self.mode_of(c) == FailureMode::Local && c.limit.algorithm.windowed() {
+            if self.mode_of(c) == FailureMode::Local {
                 let now = *now.get_or_insert_with(|| self.local.now());
                 self.last_seen.learn(c, v.remaining, now);
             }

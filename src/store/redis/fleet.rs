@@ -28,7 +28,7 @@ impl FleetBeat {
     }
 
     /// Announces this node at `now_ms` for `ttl_ms`; the live nodes counted (this one too).
-    /// None while no connection is made yet (requests make them; a beat never waits on one).
+    /// None while no connection is made yet.
     pub async fn beat(&self, now_ms: u64, ttl_ms: u64) -> Result<Option<u64>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
@@ -47,70 +47,42 @@ impl FleetBeat {
             .ignore()
             .cmd("ZCARD")
             .arg(&self.key);
-        // On a connection already made, if any: a beat never waits on connecting.
+        let live: Option<(u64,)> = self.on_made_connection(&pipe).await?;
+        Ok(live.map(|(n,)| n))
+    }
+
+    /// Takes this node out of the fleet set, so the others' shares grow at their next beat
+    /// rather than when this node's heartbeat would expire.
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZREM").arg(&self.key).arg(&self.member).ignore();
+        self.on_made_connection::<()>(&pipe).await.map(drop)
+    }
+
+    /// Runs `pipe` on a connection already made, within the timeout: a beat or a leave never
+    /// waits on connecting (requests make the connections). None while none is made.
+    async fn on_made_connection<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<Option<T>, StoreError> {
         let call = async {
             match &self.pool.conns {
                 Connections::Standalone { conns, .. } => {
                     match conns.iter().find_map(|c| c.load_full()) {
-                        Some(conn) => live_count(&pipe, (*conn).clone()).await,
+                        Some(conn) => pipe.query_async(&mut (*conn).clone()).await.map(Some),
                         None => Ok(None),
                     }
                 }
                 Connections::Cluster { conn, .. } => match conn.load_full() {
-                    Some(conn) => live_count(&pipe, (*conn).clone()).await,
+                    Some(conn) => pipe.query_async(&mut (*conn).clone()).await.map(Some),
                     None => Ok(None),
                 },
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(live)) => Ok(live),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(StoreError::unavailable(e)),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
-}
-
-impl FleetBeat {
-    /// Takes this node out of the fleet set, so the others' shares grow at their next beat
-    /// rather than when this node's heartbeat would expire. On a connection already made.
-    pub async fn leave(&self) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("ZREM");
-        cmd.arg(&self.key).arg(&self.member);
-        let conn = match &self.pool.conns {
-            Connections::Standalone { conns, .. } => conns
-                .iter()
-                .find_map(|c| c.load_full())
-                .map(|c| Conn::Standalone((*c).clone())),
-            Connections::Cluster { conn, .. } => {
-                conn.load_full().map(|c| Conn::Cluster((*c).clone()))
-            }
-        };
-        let call = async {
-            match conn {
-                Some(Conn::Standalone(mut c)) => cmd.query_async::<()>(&mut c).await,
-                Some(Conn::Cluster(mut c)) => cmd.query_async::<()>(&mut c).await,
-                None => Ok(()),
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::unavailable(e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        }
-    }
-}
-
-/// A connection already made, of either kind.
-enum Conn {
-    Standalone(redis::aio::ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-/// Runs the heartbeat's pipeline on `conn`: the live nodes its last command counted.
-async fn live_count(
-    pipe: &redis::Pipeline,
-    mut conn: impl redis::aio::ConnectionLike,
-) -> redis::RedisResult<Option<u64>> {
-    let (live,): (u64,) = pipe.query_async(&mut conn).await?;
-    Ok(Some(live))
 }

@@ -3,6 +3,7 @@
 //! descriptor lands in one slot and is decided by one script, and no byte of a descriptor value
 //! can move a key or make two descriptors collide (the encoded key is length-prefixed).
 
+use crate::counter::fnv1a;
 use crate::limiter::Algorithm;
 
 /// The Redis key of a counter and its cluster slot: `prefix{tag}key`, and for a fixed window
@@ -25,16 +26,6 @@ pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8], algorithm: Algorithm) ->
         out.push(b'#');
     }
     (out, crc16(&tag) % 16_384)
-}
-
-/// FNV-1a, 64 bits: a fixed hash (every node must compute the same tag).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 /// Redis Cluster's key slot hash (CRC16-XMODEM), a byte at a time from a table: every request's
