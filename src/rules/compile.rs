@@ -456,7 +456,7 @@ impl Compiler<'_> {
             self.rule_count += 1;
             Some(Rule {
                 plan: Some(plan),
-                ..self.rule(raw, here, &[], path)
+                ..self.rule(raw, here, Vec::new(), false, path)
             })
         } else if limits.is_empty() {
             for (set, field) in [
@@ -477,7 +477,8 @@ impl Compiler<'_> {
             None
         } else {
             self.rule_count += 1;
-            Some(self.rule(raw, here, &limits, path))
+            let (tiers, unlimited) = self.tiers(raw, here, &limits);
+            Some(self.rule(raw, here, tiers, unlimited, path))
         };
         self.node_of(raw, rule, here, composite, path)
     }
@@ -588,11 +589,10 @@ impl Compiler<'_> {
         };
         let rule = tier.map(|tier| {
             self.rule_count += 1;
-            let mut rule = self.rule(raw, here, &[], path);
-            rule.tiers = vec![tier];
-            rule.slot_key = raw.key.clone();
-            self.check_hybrid(here, rule.mode, &rule.tiers);
-            rule
+            Rule {
+                slot_key: raw.key.clone(),
+                ..self.rule(raw, here, vec![tier], false, path)
+            }
         });
         self.node_of(raw, rule, here, composite, path)
     }
@@ -628,13 +628,13 @@ impl Compiler<'_> {
         }
     }
 
-    fn rule(
+    /// The tiers of a descriptor's `rate_limit(s)`, checked, and whether it is `unlimited`.
+    fn tiers(
         &mut self,
         raw: &RawDescriptor,
         here: &str,
         limits: &[(String, &RawLimit)],
-        path: &str,
-    ) -> Rule {
+    ) -> (Vec<Tier>, bool) {
         let unlimited = limits.iter().any(|(_, l)| l.unlimited);
         if unlimited && limits.len() > 1 {
             self.error(
@@ -670,6 +670,18 @@ impl Compiler<'_> {
                 seen.push(name);
             }
         }
+        (tiers, unlimited)
+    }
+
+    /// The rule of a descriptor with these `tiers` (its limits, or its concurrency limit's).
+    fn rule(
+        &mut self,
+        raw: &RawDescriptor,
+        here: &str,
+        tiers: Vec<Tier>,
+        unlimited: bool,
+        path: &str,
+    ) -> Rule {
         let failure_mode = self.choice(here, "failure_mode", raw.failure_mode.as_deref());
         let mode = self.choice(here, "mode", raw.mode.as_deref());
         self.check_hybrid(here, mode, &tiers);
