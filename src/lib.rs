@@ -20,7 +20,8 @@
 //!   calendar windows (a day, week, month or year in a time zone).
 //! - [`clock`] (time, manual in tests), [`proto`] (the compiled protos), [`tls`] (the gRPC
 //!   listener's certificates, rotated), [`top`] (the most-limited values, a bounded sketch).
-//!   [`allocator`]: the global allocator the binary and the benches install.
+//!   [`allocator`]: the global allocator the binary and the benches install. [`trace`]: each
+//!   decision a span in the caller's trace (OpenTelemetry, OTLP), when an endpoint is set.
 
 pub mod admin;
 pub mod allocator;
@@ -41,4 +42,5 @@ pub mod service;
 pub mod store;
 pub mod tls;
 pub mod top;
+pub mod trace;
 pub mod xds;

@@ -20,9 +20,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Spans are exported only when serving, and only with an endpoint configured.
+    let traces = match &cli.command {
+        Command::Serve(_) => {
+            match sluice::trace::from_env(|k| std::env::var(k).ok(), reference.as_reference) {
+                Ok(config) => config.map(|c| sluice::trace::Tracing::new(&c)),
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        Command::Tool(_) => None,
+    };
     cli::init_logging(
         cli.log_format,
         reference.log_level.as_deref().unwrap_or("info"),
+        traces.as_ref().map(sluice::trace::Tracing::layer),
     );
     for (var, why) in reference.ignored {
         tracing::info!(variable = var, "reference setting not needed: {why}");
@@ -32,7 +46,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Tool(tool) => tool.run(load),
-        Command::Serve(args) => match serve(&args, load) {
+        Command::Serve(args) => match serve(&args, load, traces) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice: {e:#}");
@@ -42,12 +56,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: &cli::ServeArgs, load: LoadOptions) -> anyhow::Result<()> {
+fn serve(
+    args: &cli::ServeArgs,
+    load: LoadOptions,
+    traces: Option<sluice::trace::Tracing>,
+) -> anyhow::Result<()> {
     let config = args.config(load)?;
     let runtime = cli::runtime(args.worker_threads()).context("starting the async runtime")?;
     runtime.block_on(async move {
         // First thing inside the runtime: a SIGTERM from here on stops gracefully.
-        sluice::server::run(config, shutdown_signals()).await
+        let signals = shutdown_signals();
+        let traces = traces.map(|mut t| {
+            let worker = t.worker().map(tokio::spawn);
+            (t, worker)
+        });
+        let ran = sluice::server::run(config, signals).await;
+        if let Some((traces, worker)) = traces {
+            // What the last calls' spans still wait for: at most one export's time.
+            traces.stop(worker, std::time::Duration::from_secs(2)).await;
+        }
+        ran
     })
 }
 

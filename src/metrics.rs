@@ -59,6 +59,8 @@ pub struct Gauges {
 
 pub struct Metrics {
     registry: Registry,
+    trace_spans: IntCounterVec,
+    trace_export_failures: IntCounter,
     rule_hits: IntCounterVec,
     rule_over_limit: IntCounterVec,
     rule_near_limit: IntCounterVec,
@@ -402,8 +404,30 @@ impl Metrics {
             backend_errors.with_label_values(&[kind]);
         }
         let quota = QuotaMetrics::new(&registry);
+        let trace_spans = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "sluice_trace_spans_total",
+                    "Finished spans by what became of them: exported over OTLP, or dropped (the export queue full, or the export failed). Zero while traces are off.",
+                ),
+                &["outcome"],
+            ),
+        );
+        for outcome in ["exported", "dropped"] {
+            trace_spans.with_label_values(&[outcome]);
+        }
+        let trace_export_failures = registered(
+            &registry,
+            IntCounter::new(
+                "sluice_trace_export_failures_total",
+                "Exports to the OTLP endpoint that failed or timed out.",
+            ),
+        );
         Self {
             quota,
+            trace_spans,
+            trace_export_failures,
             registry,
             rule_hits,
             rule_over_limit,
@@ -641,6 +665,22 @@ impl Metrics {
         }
         if let Some(t) = gauges.last_reload_unix {
             self.last_reload.set(t as i64);
+        }
+        if let Some(counts) = crate::trace::counts() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let catch_up = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
+            catch_up(
+                &self.trace_spans.with_label_values(&["exported"]),
+                counts.exported.load(Relaxed),
+            );
+            catch_up(
+                &self.trace_spans.with_label_values(&["dropped"]),
+                counts.dropped.load(Relaxed),
+            );
+            catch_up(
+                &self.trace_export_failures,
+                counts.failed_exports.load(Relaxed),
+            );
         }
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for well-formed families.

@@ -1257,3 +1257,151 @@ async fn a_concurrency_limit_holds_requests_in_flight_through_envoy() {
     drop(envoy);
     server.running.stop().await.unwrap();
 }
+
+/// `config` with the front listener traced by Envoy's OpenTelemetry tracer (every request
+/// sampled), exporting over OTLP/gRPC to `otlp` every half second.
+fn traced(config: &str, otlp: u16) -> String {
+    let tracing = r#"stat_prefix: front_http
+          tracing:
+            random_sampling: {value: 100}
+            provider:
+              name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                grpc_service: {envoy_grpc: {cluster_name: otlp}, timeout: 1s}
+                service_name: envoy-front
+"#;
+    let traced = config.replacen("stat_prefix: front_http\n", tracing, 1);
+    let traced = traced.replacen(
+        "  clusters:",
+        &format!("  clusters:{}", grpc_cluster("otlp", otlp, "")),
+        1,
+    );
+    assert_ne!(traced, config);
+    format!(
+        "layered_runtime:\n  layers:\n  - name: flush\n    static_layer:\n      \
+         tracing.opentelemetry.flush_interval_ms: 500\n      \
+         tracing.opentelemetry.min_flush_spans: 1\n{traced}"
+    )
+}
+
+/// Envoy and sluice export to one OTLP receiver (a small one the tests run: there is no
+/// collector package here); sluice on Redis. One request allowed and one denied: each trace
+/// holds Envoy's ingress span, its rate-limit call, sluice's span for that call as its child
+/// with what decided, and under it the Redis call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_spans_join_envoys_trace_under_its_rate_limit_call() {
+    use common::otlp::{CLIENT, Receiver, SERVER};
+    let receiver = Receiver::start().await;
+    let redis = common::redis::RedisServer::start();
+    let dir = temp_dir("traced");
+    std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let mut sluice = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .kill_on_drop(true)
+        .args(["serve", "--backend", "redis", "--drain-delay", "0s"])
+        .arg("--config")
+        .arg(&dir)
+        .args(["--redis-url", &redis.url()])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{}", receiver.grpc),
+        )
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("OTEL_SERVICE_NAME", "sluice")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
+    wait_healthy(http_addr).await;
+    let ports = Ports {
+        front: free_port(),
+        backend: free_port(),
+        admin: free_port(),
+        rls: grpc,
+    };
+    let config = traced(
+        &bootstrap(ports, "e2e", HEADER_ROUTES, ""),
+        receiver.grpc.port(),
+    );
+    let envoy = run_envoy_config(&config, ports.front, ports.admin, "traced").await;
+    for i in 0..4 {
+        let r = http_get_raw(envoy.front, "/p", &[("x-api-key", "k1")]).await;
+        assert_eq!(
+            status(&r),
+            if i < 3 { 200 } else { 429 },
+            "request {i}: {r}"
+        );
+    }
+    for decision in ["ok", "over_limit"] {
+        let (ours, call) = receiver
+            .until(Duration::from_secs(20), |spans| {
+                let ours = spans.iter().find(|s| {
+                    s.service() == "sluice"
+                        && s.kind == SERVER
+                        && s.attr("ratelimit.decision") == Some(decision)
+                })?;
+                let call = spans.iter().find(|s| s.span_id == ours.parent_span_id)?;
+                Some((ours.clone(), call.clone()))
+            })
+            .await;
+        // The parent is Envoy's rate-limit call, in Envoy's trace.
+        assert_eq!(call.service(), "envoy-front");
+        assert_eq!(call.kind, CLIENT);
+        assert!(call.name.contains("ShouldRateLimit"), "{}", call.name);
+        assert_eq!(call.trace_id, ours.trace_id);
+        assert_eq!(
+            ours.name,
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        );
+        assert_eq!(ours.attr("ratelimit.domain"), Some("e2e"));
+        assert_eq!(ours.attr("ratelimit.decided_by"), Some("counters"));
+        assert_eq!(ours.attr("ratelimit.descriptors"), Some("3"));
+        if decision == "over_limit" {
+            assert_eq!(ours.attr("ratelimit.descriptor"), Some("0"));
+            assert_eq!(ours.attr("ratelimit.limit"), Some("3 per minute"));
+            assert_eq!(ours.attr("ratelimit.rule"), Some("api_key"));
+            assert_eq!(ours.attr("ratelimit.remaining"), Some("0"));
+        }
+        // Under ours, the request's Redis call; the call that carried it links it.
+        let group = receiver
+            .until(Duration::from_secs(20), |spans| {
+                spans
+                    .iter()
+                    .find(|s| s.parent_span_id == ours.span_id && s.name == "redis group")
+                    .cloned()
+            })
+            .await;
+        let fcall = receiver
+            .until(Duration::from_secs(20), |spans| {
+                spans
+                    .iter()
+                    .find(|s| {
+                        s.kind == CLIENT
+                            && s.service() == "sluice"
+                            && s.links.iter().any(|(_, id)| *id == group.span_id)
+                    })
+                    .cloned()
+            })
+            .await;
+        assert_eq!(fcall.attr("db.system"), Some("redis"));
+        let spans = receiver.spans();
+        eprintln!(
+            "the trace of a request sluice answered {decision}:\n{}",
+            common::otlp::tree(&spans, &ours.trace_id)
+        );
+        // Envoy's own ingress span is in the same trace.
+        assert!(
+            spans.iter().any(|s| s.trace_id == ours.trace_id
+                && s.service() == "envoy-front"
+                && s.kind == SERVER),
+            "{}",
+            common::otlp::tree(&spans, &ours.trace_id)
+        );
+    }
+    drop(envoy);
+    let _ = sluice.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -212,17 +212,24 @@ impl Tool {
     }
 }
 
-/// `default_level` when `RUST_LOG` is not set.
-pub fn init_logging(format: LogFormat, default_level: &str) {
+/// `default_level` when `RUST_LOG` is not set. `traces`: the OpenTelemetry layer, when spans
+/// are exported (its own filter: only the spans meant for traces, whatever `RUST_LOG` says).
+pub fn init_logging(
+    format: LogFormat,
+    default_level: &str,
+    traces: Option<Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>>,
+) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry().with(traces).with(fmt).init();
 }
 
 fn validate(path: &std::path::Path, load: LoadOptions) -> ExitCode {

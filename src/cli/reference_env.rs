@@ -57,6 +57,8 @@ pub struct Translation {
     /// `LOG_LEVEL`, for when `RUST_LOG` is not set.
     pub log_level: Option<String>,
     pub ignored: Vec<(String, &'static str)>,
+    /// sluice runs as the reference: its `TRACING_*` variables are read too (`trace::from_env`).
+    pub as_reference: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -131,7 +133,10 @@ const IGNORED: &[(&str, &str)] = &[
 
 /// Reads the reference's variables through `get` and says what they become.
 pub fn translate(get: impl Fn(&str) -> Option<String>) -> Result<Translation, ReferenceEnvError> {
-    let mut t = Translation::default();
+    let mut t = Translation {
+        as_reference: true,
+        ..Translation::default()
+    };
     let set = |name: &str| get(name).filter(|v| !v.is_empty());
     let truthy = |name: &str| -> Result<Option<bool>, ReferenceEnvError> {
         set(name)

@@ -289,7 +289,8 @@ impl<S: Store> crate::proto::rlqs::RateLimitQuotaService for QuotaService<S> {
         request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<tonic::Response<Self::StreamRateLimitQuotasStream>, tonic::Status> {
         let peer = request.remote_addr();
-        let responses = stream::spawn(self.shared.clone(), request.into_inner(), peer);
+        let headers = request.metadata().clone().into_headers();
+        let responses = stream::spawn(self.shared.clone(), request.into_inner(), peer, headers);
         Ok(tonic::Response::new(Box::pin(responses)))
     }
 }

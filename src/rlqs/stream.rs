@@ -30,9 +30,10 @@ pub(super) fn spawn<S: Store>(
     shared: Arc<Shared<S>>,
     inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
     peer: Option<SocketAddr>,
+    headers: tonic::codegen::http::HeaderMap,
 ) -> impl Stream<Item = Outbound> + Send + 'static {
     let (out, responses) = mpsc::channel(16);
-    tokio::spawn(serve(Session::new(shared), inbound, out, peer));
+    tokio::spawn(serve(Session::new(shared), inbound, out, peer, headers));
     futures_util::stream::unfold(responses, |mut responses| async move {
         responses.recv().await.map(|next| (next, responses))
     })
@@ -45,6 +46,7 @@ async fn serve<S: Store>(
     mut inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
     out: mpsc::Sender<Outbound>,
     peer: Option<SocketAddr>,
+    headers: tonic::codegen::http::HeaderMap,
 ) {
     tracing::info!(?peer, "RLQS stream opened");
     let stopped = stopping(session.shared.stopped.clone());
@@ -65,14 +67,24 @@ async fn serve<S: Store>(
     let ended = loop {
         tokio::select! {
             message = inbound.message() => match message {
-                Ok(Some(reports)) => match session.report(reports).await {
-                    Ok(actions) => send(actions).await,
+                Ok(Some(reports)) => {
+                    let started = std::time::SystemTime::now();
+                    let buckets = reports.bucket_quota_usages.len();
+                    match session.report(reports).await {
+                    Ok(actions) => {
+                        // A span for a report that changed an assignment (when traced).
+                        if !actions.is_empty() && crate::trace::on() {
+                            let domain = session.domain.as_deref().unwrap_or_default();
+                            crate::trace::rlqs_report(started, &headers, domain, buckets, actions.len());
+                        }
+                        send(actions).await
+                    }
                     Err(status) => {
                         tracing::warn!(?peer, error = %status.message(), "RLQS stream refused");
                         let _ = out.send(Err(status)).await;
                         break "refused";
                     }
-                },
+                }},
                 Ok(None) => break "closed by the client",
                 Err(e) => {
                     tracing::debug!(?peer, error = %e, "RLQS stream broke");

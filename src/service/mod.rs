@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::Status;
-use tracing::Instrument;
 
 pub use answer::Answer;
 pub use headers::{HeaderSet, HeaderSetError, LimitHeaderNames};
@@ -79,23 +78,12 @@ impl<S: Store> RateLimitGrpc<S> {
     /// One call, from wire request to its answer (gRPC: see [`RlsServer`]).
     pub async fn answer(&self, request: RateLimitRequest) -> Result<Answer, Status> {
         let started = Instant::now();
-        let span = tracing::debug_span!(
-            "should_rate_limit",
-            domain = %request.domain,
-            descriptors = request.descriptors.len(),
-            decision = tracing::field::Empty,
-        );
         let echo = self
             .dynamic_metadata
             .then(|| metadata::RequestEcho::of(&request));
         let (domain, result) = match to_domain(request) {
             Ok(request) => {
-                let result = self
-                    .engine
-                    .decide(&request)
-                    .instrument(span.clone())
-                    .await
-                    .map_err(to_status);
+                let result = self.engine.decide(&request).await.map_err(to_status);
                 if let (Some(top), Ok(decision)) = (&self.top, &result) {
                     record_denials(top, &request, decision);
                 }
@@ -109,7 +97,9 @@ impl<S: Store> RateLimitGrpc<S> {
             Err(s) if s.code() == tonic::Code::InvalidArgument => CallResult::Invalid,
             Err(_) => CallResult::Error,
         };
-        span.record("decision", call.label());
+        if crate::trace::on() {
+            record_in_trace(&domain, call, result.as_ref().ok());
+        }
         if let Some(m) = &self.metrics {
             m.observe_call(&domain, call, started.elapsed(), result.as_ref().ok());
         }
@@ -121,6 +111,55 @@ impl<S: Store> RateLimitGrpc<S> {
                 Some(echo.finish(&decision)),
             )),
         })
+    }
+}
+
+/// The decision on the call's span (`trace::rls_call`): the domain, the decision, who decided
+/// (the counters, or the failure policy and its mode), and the descriptor and limit that
+/// decided it — the first that denied, else the one with the least left.
+fn record_in_trace(domain: &str, call: CallResult, decision: Option<&Decision>) {
+    let span = tracing::Span::current();
+    if span.is_none() {
+        return;
+    }
+    span.record("ratelimit.domain", domain);
+    span.record("ratelimit.decision", call.label());
+    let Some(decision) = decision else {
+        return;
+    };
+    span.record("ratelimit.descriptors", decision.statuses.len());
+    let decided_by = match decision.decided_by {
+        crate::store::DecidedBy::Counters => "counters".to_owned(),
+        crate::store::DecidedBy::Policy(mode) => format!("failure_policy:{mode}"),
+    };
+    span.record("ratelimit.decided_by", decided_by.as_str());
+    let limited = decision
+        .statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.limit.is_some());
+    let decisive = match decision.code {
+        Code::OverLimit => limited.clone().find(|(_, s)| s.code == Code::OverLimit),
+        Code::Ok => None,
+    }
+    .or_else(|| limited.min_by_key(|(_, s)| s.remaining));
+    if let Some((i, s)) = decisive {
+        span.record("ratelimit.descriptor", i);
+        span.record("ratelimit.remaining", s.remaining);
+        if let Some(stats) = &s.stats {
+            span.record("ratelimit.rule", &*stats.rule);
+        }
+        if let Some(limit) = &s.limit {
+            let unit = limit.unit.name().to_ascii_lowercase();
+            let per = match limit.unit_multiplier {
+                0 | 1 => unit,
+                n => format!("{n} {unit}s"),
+            };
+            span.record(
+                "ratelimit.limit",
+                format!("{} per {per}", limit.requests_per_unit).as_str(),
+            );
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use prost::Message;
 use prost::bytes::{BufMut, Bytes, BytesMut};
 use tonic::Status;
 use tonic::codegen::{BoxFuture, Service, http};
+use tracing::Instrument;
 
 use super::{Answer, HeaderSet, RateLimitGrpc};
 use crate::proto::RateLimitRequest;
@@ -78,16 +79,26 @@ impl<S: Store> Service<GrpcRequest> for RlsServer<S> {
             ));
         }
         let service = self.service.clone();
-        Box::pin(async move {
-            let answer = match read_request(request).await {
-                Ok(request) => service.answer(request).await,
-                Err(status) => Err(status),
-            };
-            Ok(match answer {
-                Ok(answer) => respond(&answer, &service.headers),
-                Err(status) => status.into_http(),
-            })
-        })
+        // The call's span in the caller's trace (none when traces are off).
+        let span = crate::trace::rls_call(request.headers());
+        Box::pin(
+            async move {
+                let answer = match read_request(request).await {
+                    Ok(request) => service.answer(request).await,
+                    Err(status) => Err(status),
+                };
+                if let Err(status) = &answer {
+                    let span = tracing::Span::current();
+                    span.record("otel.status_code", "error");
+                    span.record("ratelimit.decision", status.message());
+                }
+                Ok(match answer {
+                    Ok(answer) => respond(&answer, &service.headers),
+                    Err(status) => status.into_http(),
+                })
+            }
+            .instrument(span),
+        )
     }
 }
 

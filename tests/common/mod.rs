@@ -262,6 +262,7 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     );
     p
 }
+pub mod otlp;
 pub mod pki;
 pub mod redis;
 pub mod rlqs_envoy;

@@ -209,6 +209,7 @@ mod tests {
             keys: vec![n.to_string().into_bytes()],
             now: None,
             args: vec![n],
+            trace: None,
         }
     }
 

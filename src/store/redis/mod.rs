@@ -28,6 +28,7 @@ mod sentinel;
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::{Check, CheckKind, DecidedBy, Outcome, Rollback, Store, StoreError};
 use crate::clock::Clock;
@@ -130,10 +131,12 @@ impl RedisStore {
         now: Option<u64>,
         node_now_us: u64,
     ) -> Result<GroupReply, StoreError> {
+        let (span, trace) = crate::trace::redis_group(indices.len());
         let mut group = Group {
             keys,
             now,
             args: Vec::with_capacity(8 * indices.len()),
+            trace,
         };
         for &i in indices {
             push_check(&mut group.args, &checks[i], node_now_us);
@@ -151,7 +154,10 @@ impl RedisStore {
                 ))),
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(self.timeout, call)
+            .instrument(span)
+            .await
+        {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }

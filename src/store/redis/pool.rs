@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+use tracing::Instrument;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -545,7 +546,8 @@ fn batcher_of(
     let (pool, limiter) = (pool.clone(), limiter.clone());
     let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
         let (pool, limiter) = (pool.clone(), limiter.clone());
-        Box::pin(async move { pool.invoke_all(&limiter, &groups, lane).await })
+        let span = crate::trace::redis_call(groups.iter().map(|g| g.trace.clone()), groups.len());
+        Box::pin(async move { pool.invoke_all(&limiter, &groups, lane).await }.instrument(span))
     });
     Batcher::pair(send, in_flight, MAX_GROUPS_PER_CALL)
 }

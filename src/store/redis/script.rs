@@ -51,6 +51,9 @@ pub struct Group {
     /// None: Redis `TIME`; or a pinned time in microseconds (tests only).
     pub now: Option<u64>,
     pub args: Vec<u64>,
+    /// The request's span for this group, when it is traced: the call that carries the group
+    /// links it (`trace::redis_call`).
+    pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// What one group answered: the time Redis decided at and per check its verdict's four
