@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use sluice::engine::EngineSettings;
 
 const RULES: &str = r#"
 domain: m
@@ -30,8 +29,13 @@ fn chromium() -> std::path::PathBuf {
     )
 }
 
-/// The page's DOM after its scripts ran, and what the browser logged.
+/// The page's DOM after its scripts ran, and what the browser logged; `then` is what the
+/// browser does with the page: `--dump-dom`, or `--screenshot=<file>`.
 fn load(url: &str) -> (String, String) {
+    browse(url, "--dump-dom")
+}
+
+fn browse(url: &str, then: &str) -> (String, String) {
     let profile = temp_dir("chromium-profile");
     let out = std::process::Command::new(chromium())
         .args([
@@ -42,9 +46,12 @@ fn load(url: &str) -> (String, String) {
             "--enable-logging=stderr",
             "--v=0",
             "--virtual-time-budget=5000",
+            // A laptop's width: the cards sit three or four to a row.
+            "--window-size=1100,1500",
+            "--hide-scrollbars",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--dump-dom", url])
+        .args([then, url])
         .output()
         .expect("chromium runs");
     let _ = std::fs::remove_dir_all(&profile);
@@ -67,7 +74,27 @@ fn section<'a>(dom: &'a str, id: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_every_section_in_a_real_browser() {
-    let server = start(RULES, "none", EngineSettings::default()).await;
+    // Rules from a folder, so a bad edit can be rejected and its error shown.
+    let dir = temp_dir("status-rules");
+    std::fs::write(dir.join("m.yaml"), RULES).unwrap();
+    let clock = std::sync::Arc::new(sluice::clock::ManualClock::new(1_800_000_000 * S));
+    let running = sluice::server::start(sluice::server::Config {
+        metrics: Some(std::sync::Arc::new(sluice::metrics::Metrics::new(0.8, 100))),
+        ..config(
+            sluice::server::RulesSource::Files {
+                path: dir.clone(),
+                watch: None,
+            },
+            memory(&clock, 1_000),
+        )
+    })
+    .await
+    .unwrap();
+    // A file whose name is one long word: its error must wrap inside the rules card.
+    let long = format!("{}.yaml", "team-payments-".repeat(10));
+    std::fs::write(dir.join(&long), "domain: [").unwrap();
+    assert!(running.reloader().unwrap().reload().is_err());
+    let server = TestServer { clock, running };
     let mut client = server.client().await;
     for _ in 0..14 {
         client
@@ -92,11 +119,25 @@ async fn the_status_page_shows_every_section_in_a_real_browser() {
     assert!(section(&dom, "backend").contains("counters in memory"));
     let rules = section(&dom, "rules");
     assert!(rules.contains("<th>rules</th><td>1</td>"), "{rules}");
+    assert!(rules.contains(&long), "{rules}");
+    // No card runs past its edge, the long error included (the page names any that does).
+    assert!(dom.contains("data-overflowing=\"\""), "{dom}");
+    // The loaded rules, each with its limits, as /rlconfig words them.
+    let loaded = section(&dom, "loaded");
+    assert!(loaded.contains("<h3>m</h3>"), "{loaded}");
+    assert!(
+        loaded.contains("<td>k</td><td>unit=HOUR requests_per_unit=10, shadow_mode: false"),
+        "{loaded}"
+    );
     let rates = section(&dom, "rates");
     assert!(rates.contains("<th>denied</th><td>4 "), "{rates}");
     // The most-limited table: the value masked.
     let top = section(&dom, "top");
     assert!(top.contains("m / k") && top.contains("k=heav…#"), "{top}");
+    assert!(
+        top.contains("<th>denied requests</th><th>hits denied</th>"),
+        "{top}"
+    );
     assert!(!top.contains("heavy-user-7"));
     // The question in the link: explained, and its live counter (10 used, 0 left).
     let explain = section(&dom, "explain");
@@ -105,5 +146,18 @@ async fn the_status_page_shows_every_section_in_a_real_browser() {
         explain.contains("<td class=\"n\">10</td><td class=\"n\">0</td>"),
         "{explain}"
     );
+    // The picture, for a person to look at: target/status-page.png.
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let url = format!(
+        "http://{}/?domain=m&descriptor=k%3Dheavy-user-7",
+        server.running.http_addr
+    );
+    let arg = format!("--screenshot={}", shot.display());
+    tokio::task::spawn_blocking(move || browse(&url, &arg))
+        .await
+        .unwrap();
+    assert!(shot.exists(), "no screenshot at {}", shot.display());
+    eprintln!("screenshot: {}", shot.display());
     server.running.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

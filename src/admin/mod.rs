@@ -242,35 +242,41 @@ async fn counters_answer<S: Store>(
 /// whose limits come from the caller's plan has a line per plan and limit, `plan <name>` first.
 async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let rules = state.service.engine().rules();
+    let mut out = String::new();
+    for (domain, rule, line) in limit_lines(&rules) {
+        out.push_str(&format!("{domain}.{rule}: {line}\n"));
+    }
+    (StatusCode::OK, out).into_response()
+}
+
+/// Every limit of the rules serving, by domain (sorted) and rule: what `/rlconfig` prints after
+/// `domain.rule:`, and what `/config` lists for the status page.
+fn limit_lines(rules: &crate::rules::RuleSet) -> Vec<(String, String, String)> {
     let mut domains: Vec<_> = rules.domains().collect();
     domains.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut out = String::new();
+    let mut lines = Vec::new();
     for d in domains {
         for rule in d.rules() {
             let flags = format!(
                 "shadow_mode: {}, quota_mode: {}",
                 rule.shadow_mode, rule.quota_mode
             );
-            let at = format!("{}.{}", d.name, rule.path);
+            let mut line = |text: String| lines.push((d.name.clone(), rule.path.clone(), text));
             if rule.unlimited {
-                out.push_str(&format!("{at}: unlimited, {flags}\n"));
+                line(format!("unlimited, {flags}"));
             }
             for t in &rule.tiers {
-                out.push_str(&format!(
-                    "{at}: {}, {flags}{}\n",
-                    tier_line(t),
-                    tier_extras(t)
-                ));
+                line(format!("{}, {flags}{}", tier_line(t), tier_extras(t)));
             }
             let Some(plan_ref) = &rule.plan else { continue };
             for plan in d.plans() {
                 if plan.unlimited {
-                    out.push_str(&format!("{at}: plan {}: unlimited, {flags}\n", plan.name));
+                    line(format!("plan {}: unlimited, {flags}", plan.name));
                     continue;
                 }
                 for t in plan.groups.get(&plan_ref.group).into_iter().flatten() {
-                    out.push_str(&format!(
-                        "{at}: plan {}: {}, {flags}{}\n",
+                    line(format!(
+                        "plan {}: {}, {flags}{}",
                         plan.name,
                         tier_line(t),
                         tier_extras(t)
@@ -279,7 +285,7 @@ async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response
             }
         }
     }
-    (StatusCode::OK, out).into_response()
+    lines
 }
 
 /// `unit=MINUTE requests_per_unit=20`, as the reference prints a limit; a concurrency limit as
@@ -331,7 +337,23 @@ async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Res
         t.duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     };
-    let body = match &state.reloader {
+    // The loaded rules, by domain then rule, each with its limits as /rlconfig words them.
+    let mut loaded: Vec<serde_json::Value> = Vec::new();
+    for (domain, rule, line) in limit_lines(&rules) {
+        if loaded.last().is_none_or(|d| d["domain"] != domain.as_str()) {
+            loaded.push(serde_json::json!({"domain": domain, "rules": []}));
+        }
+        let Some(rules) = loaded.last_mut().and_then(|d| d["rules"].as_array_mut()) else {
+            continue;
+        };
+        if rules.last().is_none_or(|r| r["rule"] != rule.as_str()) {
+            rules.push(serde_json::json!({"rule": rule, "limits": []}));
+        }
+        if let Some(limits) = rules.last_mut().and_then(|r| r["limits"].as_array_mut()) {
+            limits.push(serde_json::Value::String(line));
+        }
+    }
+    let mut body = match &state.reloader {
         Some(r) => {
             let s = r.status();
             serde_json::json!({
@@ -351,6 +373,7 @@ async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Res
             "rules": rules.rule_count(),
         }),
     };
+    body["loaded"] = serde_json::Value::Array(loaded);
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
