@@ -21,7 +21,7 @@ mod config;
 mod export;
 mod propagation;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 use tonic::codegen::http;
@@ -42,6 +42,9 @@ pub use propagation::{Caller, caller};
 static ON: AtomicBool = AtomicBool::new(false);
 /// The sampler follows the caller's decision.
 static PARENT_BASED: AtomicBool = AtomicBool::new(true);
+/// The share of traces this node starts (or, not parent-based, of every call), as a fraction
+/// of `u64::MAX`: decided here before a span is opened, so a call not sampled costs nothing.
+static ROOT_SHARE: AtomicU64 = AtomicU64::new(u64::MAX);
 static COUNTS: OnceLock<Arc<Counts>> = OnceLock::new();
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
@@ -108,13 +111,22 @@ impl Tracing {
             counts,
             timeout,
         );
-        PARENT_BASED.store(
-            matches!(config.sampling, Sampling::ParentBased(_)),
-            Ordering::Relaxed,
-        );
+        let (parent_based, root) = match &config.sampling {
+            Sampling::ParentBased(root) => (true, root.as_ref()),
+            root => (false, root),
+        };
+        let share = match root {
+            Sampling::AlwaysOn | Sampling::ParentBased(_) => 1.0,
+            Sampling::AlwaysOff => 0.0,
+            Sampling::Ratio(r) => *r,
+        };
+        PARENT_BASED.store(parent_based, Ordering::Relaxed);
+        // `as` saturates: 1.0 is every call.
+        ROOT_SHARE.store((share * u64::MAX as f64) as u64, Ordering::Relaxed);
+        // The decision is made before a span opens (`parent`): every span the SDK sees is kept.
         let provider = SdkTracerProvider::builder()
             .with_span_processor(queue)
-            .with_sampler(sampler(&config.sampling))
+            .with_sampler(Sampler::AlwaysOn)
             .with_resource(resource)
             .build();
         let _ = TRACER.set(provider.tracer("sluice"));
@@ -161,25 +173,47 @@ impl Tracing {
     }
 }
 
-fn sampler(s: &Sampling) -> Sampler {
-    match s {
-        Sampling::AlwaysOn => Sampler::AlwaysOn,
-        Sampling::AlwaysOff => Sampler::AlwaysOff,
-        Sampling::Ratio(r) => Sampler::TraceIdRatioBased(*r),
-        Sampling::ParentBased(inner) => Sampler::ParentBased(Box::new(sampler(inner))),
-    }
+/// The caller's span to be the parent of ours, or None when ours is not to be opened: the
+/// sampling decision, made here so that a call not sampled opens nothing (the SDK's samplers
+/// decide once a span is built, after the work). Parent-based: the caller's decision, else this
+/// node's share; otherwise this node's share of every call. The share is drawn at random, not
+/// from the trace id: a trace this node starts is decided nowhere else.
+fn parent(headers: &http::HeaderMap) -> Option<Option<SpanContext>> {
+    let parent_based = PARENT_BASED.load(Ordering::Relaxed);
+    let (decided, parent) = match caller(headers) {
+        Caller::Span(s) if parent_based => (Some(s.is_sampled()), Some(s)),
+        Caller::Span(s) => (None, Some(s)),
+        Caller::Unsampled if parent_based => (Some(false), None),
+        Caller::Unsampled | Caller::Untraced => (None, None),
+    };
+    let sampled = decided.unwrap_or_else(|| {
+        let share = ROOT_SHARE.load(Ordering::Relaxed);
+        share == u64::MAX || (share != 0 && draw() < share)
+    });
+    sampled.then_some(parent)
 }
 
-/// The caller's span to be the parent of ours, or None when ours is not to be opened (the
-/// caller did not sample, and its decision is followed).
-fn parent(headers: &http::HeaderMap) -> Option<Option<SpanContext>> {
-    match caller(headers) {
-        Caller::Untraced => Some(None),
-        Caller::Unsampled if PARENT_BASED.load(Ordering::Relaxed) => None,
-        Caller::Unsampled => Some(None),
-        Caller::Span(s) if !s.is_sampled() && PARENT_BASED.load(Ordering::Relaxed) => None,
-        Caller::Span(s) => Some(Some(s)),
+/// A random u64 (xorshift, per thread, seeded from the clock and the thread): for sampling
+/// only.
+fn draw() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let t = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let here = &t as *const u64 as u64;
+            (t ^ here.rotate_left(32)) | 1
+        });
     }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
 }
 
 fn with_parent(span: tracing::Span, parent: Option<SpanContext>) -> tracing::Span {
@@ -299,4 +333,54 @@ pub fn rlqs_report(
         ])
         .start_with_context(tracer, &cx);
     opentelemetry::trace::Span::end(&mut span);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one test that sets the sampling statics (no other reads them).
+    #[test]
+    fn the_decision_follows_the_caller_and_else_draws_the_share() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = http::HeaderMap::new();
+            for (k, v) in pairs {
+                map.insert(*k, http::HeaderValue::from_static(v));
+            }
+            map
+        };
+        let sampled = headers(&[(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )]);
+        let unsampled = headers(&[(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        )]);
+        let none = headers(&[]);
+        let share = |s: f64| ROOT_SHARE.store((s * u64::MAX as f64) as u64, Ordering::Relaxed);
+        PARENT_BASED.store(true, Ordering::Relaxed);
+        share(0.0);
+        assert!(matches!(parent(&sampled), Some(Some(_))), "the caller sampled");
+        assert_eq!(parent(&unsampled), None, "the caller did not");
+        assert_eq!(parent(&headers(&[("b3", "0")])), None);
+        assert_eq!(parent(&none), None, "a trace started here: none at 0");
+        share(1.0);
+        assert_eq!(parent(&none), Some(None), "every one at 1");
+        share(0.25);
+        let n = 100_000;
+        let kept = (0..n).filter(|_| parent(&none).is_some()).count();
+        assert!(
+            (n * 24 / 100..=n * 26 / 100).contains(&kept),
+            "{kept} of {n} at a quarter"
+        );
+        // Not parent-based: the share of every call, the caller's span still the parent.
+        PARENT_BASED.store(false, Ordering::Relaxed);
+        share(1.0);
+        assert!(matches!(parent(&unsampled), Some(Some(_))));
+        share(0.0);
+        assert_eq!(parent(&sampled), None);
+        PARENT_BASED.store(true, Ordering::Relaxed);
+        share(1.0);
+    }
 }
