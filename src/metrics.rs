@@ -103,6 +103,7 @@ struct QuotaMetrics {
     buckets: IntGauge,
     assignments: IntCounterVec,
     granted: IntCounterVec,
+    returned: IntCounterVec,
     reported: IntCounterVec,
     refused: IntCounterVec,
 }
@@ -132,6 +133,11 @@ impl QuotaMetrics {
             granted: counter(
                 "sluice_rlqs_tokens_granted_total",
                 "Tokens granted to Envoys, drawn from the counters.",
+                &["domain"],
+            ),
+            returned: counter(
+                "sluice_rlqs_tokens_returned_total",
+                "Tokens of ended grants the Envoys' reports proved unspent, given back to every limit whose window was still open.",
                 &["domain"],
             ),
             reported: counter(
@@ -189,6 +195,13 @@ impl crate::rlqs::QuotaObserver for Metrics {
     fn granted(&self, domain: &str, tokens: u64) {
         self.quota
             .granted
+            .with_label_values(&[domain])
+            .inc_by(tokens);
+    }
+
+    fn returned(&self, domain: &str, tokens: u64) {
+        self.quota
+            .returned
             .with_label_values(&[domain])
             .inc_by(tokens);
     }

@@ -40,6 +40,11 @@ descriptors:
       - {unit: second, requests_per_unit: 10}
       - {unit: hour, requests_per_unit: 300}
   - key: route
+    value: budget
+    rate_limits:
+      - {unit: minute, requests_per_unit: 20}
+      - {unit: hour, requests_per_unit: 30}
+  - key: route
     value: free
     rate_limit: {unlimited: true}
   - key: route
@@ -337,6 +342,49 @@ async fn several_tiers_hold_together() {
     let total: u64 = seconds.admitted.values().sum();
     assert!(total <= 300, "{total} admitted in the hour");
     assert!(total >= 250, "only {total} of 300 admitted");
+}
+
+/// A budget of two tiers, 20 a minute and 30 an hour, and three Envoys asking twice the minute's
+/// limit (60/30/10) from 8 s before a minute's end. What a grant did not spend when it ended
+/// goes back to the hour (bounded by what the Envoy's next report proves it did not admit), so
+/// the hour is not used up by tokens nobody spent: counted by when each Envoy decided, no minute
+/// passes 20 nor the hour 30, and the hour admits at least 27 by the end of the minute after the
+/// full one.
+#[tokio::test]
+async fn two_tiers_give_back_what_a_grant_did_not_spend() {
+    let clock = Arc::new(ManualClock::new(START + 52 * S));
+    let node = memory_node(&clock);
+    let start = clock.now_micros();
+    let budget: &[(&str, &str)] = &[("route", "budget")];
+    // 40 a minute in all.
+    let mut envoys = vec![
+        SimEnvoy::new(&node, 0.4, budget, start),
+        SimEnvoy::new(&node, 0.2, budget, start + 1_300 * MS),
+        SimEnvoy::new(&node, 40.0 / 60.0 - 0.6, budget, start + 2_900 * MS),
+    ];
+    let mut minutes = Tally::per(60);
+    run(&clock, &mut envoys, 128, &mut minutes).await;
+    let per_minute: Vec<u64> = minutes.admitted.values().copied().collect();
+    let hour: u64 = per_minute.iter().sum();
+    eprintln!(
+        "two tiers (20/minute, 30/hour): admitted per minute {per_minute:?}, the hour {hour} \
+         (before unspent tokens went back: [4, 15], 19)"
+    );
+    for (minute, n) in &minutes.admitted {
+        assert!(*n <= 20, "minute {minute}: {n} admitted of 20");
+    }
+    assert!(hour <= 30, "the hour admitted {hour} of 30");
+    // What the last grants of a minute hold when it ends is lost to that minute (it goes back
+    // to the hour): the full minute reaches 17 of 20 here.
+    assert!(
+        per_minute[1] >= 17,
+        "the full minute admitted only {}",
+        per_minute[1]
+    );
+    assert!(
+        hour >= 27,
+        "the hour admitted only {hour} of 30 by the end of the next minute"
+    );
 }
 
 #[tokio::test]

@@ -61,6 +61,9 @@ pub struct Applied {
     /// What the deciding limit has left: the denying one, else the tightest.
     pub remaining: u64,
     pub decided_by: DecidedBy,
+    /// The backend's clock when it decided (Redis `TIME`); None for the memory store, whose
+    /// clock is the caller's.
+    pub decided_at_us: Option<u64>,
 }
 
 /// Resolves the descriptor `entries` (in the rules' nesting order) of `domain` against `rules`,
@@ -162,6 +165,7 @@ impl<S: Store> Engine<S> {
                 allowed: true,
                 remaining: 0,
                 decided_by: DecidedBy::Counters,
+                decided_at_us: None,
             });
         }
         let mut outcome = self.store.apply(&checks).await?;
@@ -189,6 +193,61 @@ impl<S: Store> Engine<S> {
             allowed: !denied(deciding, check),
             remaining: deciding.remaining,
             decided_by: outcome.decided_by,
+            decided_at_us: outcome.backend_now_us.iter().copied().find(|&t| t != 0),
         })
+    }
+
+    /// Gives `hits` back to each enforced limit of `resolved` whose window is still the one
+    /// that ends at `window_ends[i]` (see [`ResolvedDescriptor::window_ends`]; 0: none, left
+    /// alone): hits charged and proven never spent. Whether any limit took them.
+    pub async fn return_hits(
+        &self,
+        resolved: &ResolvedDescriptor,
+        hits: u64,
+        window_ends: &[u64],
+    ) -> Result<bool, EngineError> {
+        if window_ends.len() != resolved.checks.len() {
+            return Ok(false);
+        }
+        let keys = &resolved.keys;
+        let checks: Vec<Check<'_>> = resolved
+            .checks
+            .iter()
+            .zip(window_ends)
+            .filter(|(c, until)| **until != 0 && c.kind == CheckKind::Enforce)
+            .map(|(c, until)| Check {
+                key: keys.slice(c.key.clone()),
+                tag: keys.slice(c.tag.clone()),
+                limit: &c.limit,
+                hits,
+                kind: CheckKind::Refund,
+                on_failure: c.on_failure,
+                mode: c.mode,
+                until_us: *until,
+                slot: 0,
+            })
+            .collect();
+        if checks.is_empty() || hits == 0 {
+            return Ok(false);
+        }
+        self.store.apply(&checks).await?;
+        Ok(true)
+    }
+}
+
+impl ResolvedDescriptor {
+    /// Where the window each check charged at `at_us` ends, for [`Engine::return_hits`]: 0 for
+    /// a limit without windows (a bucket's state has no window to give back to).
+    pub fn window_ends(&self, at_us: u64) -> Vec<u64> {
+        self.checks
+            .iter()
+            .map(|c| {
+                if c.limit.algorithm.windowed() {
+                    c.limit.window_at(at_us).1
+                } else {
+                    0
+                }
+            })
+            .collect()
     }
 }

@@ -142,6 +142,8 @@ pub trait QuotaObserver: Send + Sync {
     fn assigned(&self, kind: AssignmentKind);
     /// Tokens handed out for a configured domain.
     fn granted(&self, domain: &str, tokens: u64);
+    /// Tokens of ended grants proven unspent and given back to the counters.
+    fn returned(&self, domain: &str, tokens: u64);
     /// What the Envoys said they allowed and denied, for a configured domain.
     fn reported(&self, domain: &str, allowed: u64, denied: u64);
     fn refused(&self, why: Refusal);

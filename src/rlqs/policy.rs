@@ -123,10 +123,32 @@ pub struct Holding {
     /// The first report after a grant made between reports also counts requests from before
     /// it: only the share of it after the grant is counted.
     grant_between_reports: bool,
+    /// Requests the Envoy reported allowed since the current grant, whole reports (the first may
+    /// hold requests of the grant before): at most what the grant spent is this.
+    reported_allowed: u64,
+    /// Grants that ended (replaced, or taken away) with tokens the reports did not show spent,
+    /// waiting for the reports that settle them.
+    settling: Option<Settling>,
+    /// Tokens proven unspent by the last report, for the stream to give back (see `returned`).
+    returned: u64,
     last_report_us: u64,
     /// Reports in a row with no request.
     pub idle_reports: u32,
 }
+
+/// Tokens of ended grants that the Envoy's reports have not yet shown spent, and how many more
+/// reports settle them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Settling {
+    unspent: u64,
+    reports_left: u8,
+    /// When the last of them was replaced between reports (0: none was).
+    replaced_between_us: u64,
+}
+
+/// Longer than any message takes between sluice and an Envoy: a report that arrives this long
+/// after a replacement was sent left the Envoy after the replacement reached it.
+pub const DELIVERY_BOUND_US: u64 = MICROS_PER_SECOND;
 
 /// What the node knows of a counter beyond this Envoy: every Envoy's demand for the bucket on
 /// this node, what the counter had left after the last grant from it, and what this node's
@@ -170,6 +192,9 @@ impl Default for Holding {
             used: 0,
             denied: 0,
             grant_between_reports: false,
+            reported_allowed: 0,
+            settling: None,
+            returned: 0,
             last_report_us: 0,
             idle_reports: 0,
         }
@@ -207,6 +232,8 @@ impl Holding {
     }
 
     fn learn(&mut self, usage: Usage, now_us: u64) {
+        self.settle(usage.allowed, now_us);
+        self.reported_allowed = self.reported_allowed.saturating_add(usage.allowed);
         let requests = usage.allowed.saturating_add(usage.denied);
         self.idle_reports = if requests == 0 {
             self.idle_reports.saturating_add(1)
@@ -401,9 +428,69 @@ impl Holding {
         }
     }
 
-    /// The Envoy was told `assigned`.
-    pub fn assign(&mut self, assigned: Assigned) {
+    /// A report's `allowed` settles the ended grants: every one of those requests may have been
+    /// spent from them (after their last report, before the Envoy had their replacement), so
+    /// only what is left after all of them is proven unspent.
+    fn settle(&mut self, allowed: u64, now_us: u64) {
+        let Some(mut s) = self.settling.take() else {
+            return;
+        };
+        s.unspent = s.unspent.saturating_sub(allowed);
+        // A report that arrives well after the replacement left the Envoy after it: it holds
+        // every request the ended grants admitted, and settles them alone.
+        let after = now_us.saturating_sub(s.replaced_between_us) >= DELIVERY_BOUND_US;
+        s.reports_left = if after {
+            0
+        } else {
+            s.reports_left.saturating_sub(1)
+        };
+        if s.reports_left == 0 || s.unspent == 0 {
+            self.returned = self.returned.saturating_add(s.unspent);
+        } else {
+            self.settling = Some(s);
+        }
+    }
+
+    /// Tokens of ended grants the reports proved unspent since last asked: the stream gives them
+    /// back to every limit whose window is still the one they were charged to. **The bound**: a
+    /// grant's tokens not shown spent are its size less every request allowed in each report
+    /// from its start, less those of the report after its end. A grant replaced between reports
+    /// (by a tick) waits for a report that left the Envoy after the replacement reached it: one
+    /// that arrives [`DELIVERY_BOUND_US`] after the replacement was sent, else the one after.
+    pub fn take_returned(&mut self) -> u64 {
+        std::mem::take(&mut self.returned)
+    }
+
+    /// Whether an ended grant still waits for a report to settle it.
+    pub fn settling(&self) -> bool {
+        self.settling.is_some()
+    }
+
+    /// The Envoy was told `assigned`. A grant it replaces ends: what its reports did not show
+    /// spent settles with the next reports (see [`Holding::take_returned`]).
+    pub fn assign(&mut self, assigned: Assigned, now_us: u64) {
+        if let Assigned::Tokens { size, .. } = self.assigned
+            && assigned != self.assigned
+        {
+            let unspent = size.saturating_sub(self.reported_allowed);
+            // Replaced between reports (a tick): the next report may have left the Envoy before
+            // the replacement reached it.
+            let reports_left = if self.grant_between_reports { 2 } else { 1 };
+            if unspent > 0 {
+                let s = self.settling.get_or_insert(Settling {
+                    unspent: 0,
+                    reports_left: 0,
+                    replaced_between_us: 0,
+                });
+                s.unspent = s.unspent.saturating_add(unspent);
+                s.reports_left = s.reports_left.max(reports_left);
+                if reports_left == 2 {
+                    s.replaced_between_us = now_us;
+                }
+            }
+        }
         if matches!(assigned, Assigned::Tokens { .. } | Assigned::DenyAll { .. }) {
+            self.reported_allowed = 0;
             self.used = 0;
             self.denied = 0;
         }

@@ -169,6 +169,11 @@ struct Bucket {
     rules: Arc<RuleSet>,
     resolved: Resolved,
     holding: Holding,
+    /// Where each check's window ends for the tokens of the grant the Envoy holds (see
+    /// `ResolvedDescriptor::window_ends`): what it does not spend goes back only there.
+    charged: Vec<u64>,
+    /// The same for ended grants still settling: the earliest per check.
+    settling: Vec<u64>,
 }
 
 /// One Envoy's stream without its transport: what it reported and holds, and the steps that
@@ -249,6 +254,8 @@ impl<S: Store> Session<S> {
                         rules: rules.clone(),
                         resolved,
                         holding: Holding::default(),
+                        charged: Vec::new(),
+                        settling: Vec::new(),
                     })
                 }
             };
@@ -276,6 +283,7 @@ impl<S: Store> Session<S> {
             shared
                 .ledger
                 .demand_changed(&counter, before, bucket.holding.demand);
+            give_back(&shared, &domain, bucket).await;
             if step == Step::Abandon {
                 held.after(&shared, &counter, &Holding::default());
                 actions.push(wire::abandon(&bucket.id));
@@ -490,11 +498,59 @@ fn resolve_id<S: Store>(
     })
 }
 
-/// Resolves the bucket again when the rules changed.
+/// Resolves the bucket again when the rules changed. Its grants' windows were of the old
+/// checks: nothing of them is given back to the new ones.
 fn refresh<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, rules: &Arc<RuleSet>, domain: &str) {
     if !Arc::ptr_eq(&bucket.rules, rules) {
         bucket.resolved = resolve_id(shared, rules, domain, &bucket.id);
         bucket.rules = rules.clone();
+        bucket.charged.clear();
+        bucket.settling.clear();
+    }
+}
+
+/// The grant the Envoy holds is about to be replaced: its windows join the settling ones.
+fn end_grant(bucket: &mut Bucket) {
+    if !matches!(bucket.holding.assigned, Assigned::Tokens { .. }) {
+        return;
+    }
+    let charged = std::mem::take(&mut bucket.charged);
+    if !bucket.holding.settling() || bucket.settling.len() != charged.len() {
+        bucket.settling = charged;
+    } else {
+        for (settling, charged) in bucket.settling.iter_mut().zip(charged) {
+            *settling = (*settling).min(charged);
+        }
+    }
+}
+
+/// Gives back what the last report proved the bucket's ended grants did not spend, to every
+/// limit whose window is still the one they were charged to.
+async fn give_back<S: Store>(shared: &Shared<S>, domain: &str, bucket: &mut Bucket) {
+    let tokens = bucket.holding.take_returned();
+    let windows = if bucket.holding.settling() {
+        bucket.settling.clone()
+    } else {
+        std::mem::take(&mut bucket.settling)
+    };
+    let Some(descriptor) = &bucket.resolved.0 else {
+        return;
+    };
+    if tokens == 0 {
+        return;
+    }
+    match shared
+        .engine
+        .return_hits(descriptor, tokens, &windows)
+        .await
+    {
+        Ok(true) => {
+            if let Some(o) = &shared.observer {
+                o.returned(domain, tokens);
+            }
+        }
+        Ok(false) => {}
+        Err(e) => tracing::debug!(error = %e, "RLQS: giving back unspent tokens failed"),
     }
 }
 
@@ -552,15 +608,28 @@ async fn execute<S: Store>(
             let Some(ttl_s) = ttl_seconds(now, until_us) else {
                 return;
             };
-            match grant(shared, domain, bucket, want, until_us, counter).await {
-                Granted::Tokens(size) => {
+            let granted = grant(shared, domain, bucket, want, until_us, counter).await;
+            if !matches!(granted, Granted::Unanswered | Granted::PolicyAllow) {
+                end_grant(bucket);
+            }
+            match granted {
+                Granted::Tokens(size, at_us) => {
                     actions.extend(wire::fresh_tokens(&bucket.id, ttl_s, size));
-                    bucket.holding.assign(Assigned::Tokens {
-                        size,
-                        until_us,
-                        expires_us: now + ttl_s * MICROS_PER_SECOND,
-                        granted_us: now,
-                    });
+                    bucket.charged = bucket
+                        .resolved
+                        .0
+                        .as_ref()
+                        .map(|d| d.window_ends(at_us.unwrap_or(now)))
+                        .unwrap_or_default();
+                    bucket.holding.assign(
+                        Assigned::Tokens {
+                            size,
+                            until_us,
+                            expires_us: now + ttl_s * MICROS_PER_SECOND,
+                            granted_us: now,
+                        },
+                        now,
+                    );
                     if let Some(o) = &shared.observer {
                         o.granted(domain, size);
                     }
@@ -568,19 +637,25 @@ async fn execute<S: Store>(
                 }
                 Granted::Nothing => {
                     actions.push(wire::deny_all(&bucket.id, ttl_s));
-                    bucket.holding.assign(Assigned::DenyAll {
-                        until_us,
-                        expires_us: now + ttl_s * MICROS_PER_SECOND,
-                    });
+                    bucket.holding.assign(
+                        Assigned::DenyAll {
+                            until_us,
+                            expires_us: now + ttl_s * MICROS_PER_SECOND,
+                        },
+                        now,
+                    );
                     observe(AssignmentKind::DenyAll);
                 }
                 Granted::PolicyDeny => {
                     let ttl_s = ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND);
                     actions.push(wire::deny_all(&bucket.id, ttl_s));
-                    bucket.holding.assign(Assigned::DenyAll {
-                        until_us,
-                        expires_us: now + ttl_s * MICROS_PER_SECOND,
-                    });
+                    bucket.holding.assign(
+                        Assigned::DenyAll {
+                            until_us,
+                            expires_us: now + ttl_s * MICROS_PER_SECOND,
+                        },
+                        now,
+                    );
                     observe(AssignmentKind::DenyAll);
                 }
                 Granted::PolicyAllow => allow_all(bucket, now, actions, observe),
@@ -602,17 +677,22 @@ fn allow_all(
     {
         return;
     }
+    end_grant(bucket);
     let ttl_s = BLANKET_TTL_US / MICROS_PER_SECOND;
     actions.push(wire::allow_all(&bucket.id, ttl_s));
-    bucket.holding.assign(Assigned::AllowAll {
-        expires_us: now + BLANKET_TTL_US,
-    });
+    bucket.holding.assign(
+        Assigned::AllowAll {
+            expires_us: now + BLANKET_TTL_US,
+        },
+        now,
+    );
     observe(AssignmentKind::AllowAll);
 }
 
 /// What the counters gave for a grant.
 enum Granted {
-    Tokens(u64),
+    /// This many, charged when the backend's clock said this (None: the node's clock).
+    Tokens(u64, Option<u64>),
     /// Nothing is left in the window.
     Nothing,
     /// The backend is away and the rule's failure policy says deny, or allow.
@@ -649,13 +729,13 @@ async fn grant<S: Store>(
             DecidedBy::Policy(FailureMode::Allow) => return Granted::PolicyAllow,
             DecidedBy::Policy(FailureMode::Deny) => return Granted::PolicyDeny,
             // `local`: this node's own counters granted it (or not).
-            DecidedBy::Policy(_) if applied.allowed => return Granted::Tokens(hits),
+            DecidedBy::Policy(_) if applied.allowed => return Granted::Tokens(hits, None),
             DecidedBy::Policy(_) => return Granted::PolicyDeny,
             DecidedBy::Counters => {}
         }
         shared.ledger.left(counter, until_us, applied.remaining);
         if applied.allowed {
-            return Granted::Tokens(hits);
+            return Granted::Tokens(hits, applied.decided_at_us);
         }
         if applied.remaining == 0 || hits <= 1 {
             return Granted::Nothing;

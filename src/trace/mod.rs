@@ -361,7 +361,10 @@ mod tests {
         let share = |s: f64| ROOT_SHARE.store((s * u64::MAX as f64) as u64, Ordering::Relaxed);
         PARENT_BASED.store(true, Ordering::Relaxed);
         share(0.0);
-        assert!(matches!(parent(&sampled), Some(Some(_))), "the caller sampled");
+        assert!(
+            matches!(parent(&sampled), Some(Some(_))),
+            "the caller sampled"
+        );
         assert_eq!(parent(&unsampled), None, "the caller did not");
         assert_eq!(parent(&headers(&[("b3", "0")])), None);
         assert_eq!(parent(&none), None, "a trace started here: none at 0");

@@ -115,12 +115,15 @@ fn holding_tokens(size: u64, demand_per_s: u64, now: u64) -> Holding {
         Fleet::default(),
         0,
     );
-    h.assign(Assigned::Tokens {
-        size,
-        until_us: MINUTE_END,
-        expires_us: MINUTE_END,
-        granted_us: now - 5 * S,
-    });
+    h.assign(
+        Assigned::Tokens {
+            size,
+            until_us: MINUTE_END,
+            expires_us: MINUTE_END,
+            granted_us: now - 5 * S,
+        },
+        0,
+    );
     h
 }
 
@@ -261,12 +264,15 @@ fn the_report_after_a_grant_between_reports_counts_only_what_came_after_it() {
         h.on_tick(now, next, Fleet::default()),
         Step::Grant { .. }
     ));
-    h.assign(Assigned::Tokens {
-        size: 200,
-        until_us: MINUTE_END + 60 * S,
-        expires_us: MINUTE_END + 60 * S,
-        granted_us: now,
-    });
+    h.assign(
+        Assigned::Tokens {
+            size: 200,
+            until_us: MINUTE_END + 60 * S,
+            expires_us: MINUTE_END + 60 * S,
+            granted_us: now,
+        },
+        0,
+    );
     // The report 4 s later covers 5 s: one of them before the grant, with its denials.
     let step = h.on_report(report(50, 20, 5), now + 4 * S, next, Fleet::default(), 0);
     assert_eq!(
@@ -343,5 +349,101 @@ proptest! {
             }
             None => prop_assert!(until <= now),
         }
+    }
+}
+
+fn tokens(size: u64, granted_us: u64) -> Assigned {
+    Assigned::Tokens {
+        size,
+        until_us: MINUTE_END,
+        expires_us: MINUTE_END,
+        granted_us,
+    }
+}
+
+#[test]
+fn an_ended_grant_gives_back_what_the_reports_prove_it_did_not_spend() {
+    let t = MINUTE_END - 50 * S;
+    let reported = |h: &mut Holding, allowed: u64, at: u64| {
+        h.on_report(report(allowed, 0, 5), at, limited(), Fleet::default(), 0);
+    };
+    // Granted 10 at a report; 3 allowed by the next; replaced at that report: the report after
+    // it (2 allowed, every one of which may be the old grant's) settles 10 - 3 - 2 = 5.
+    let mut h = Holding::default();
+    reported(&mut h, 1, t);
+    h.assign(tokens(10, t), t);
+    reported(&mut h, 3, t + 5 * S);
+    h.assign(tokens(8, t + 5 * S), t + 5 * S);
+    assert!(h.settling());
+    assert_eq!(
+        h.take_returned(),
+        0,
+        "nothing proven before the next report"
+    );
+    reported(&mut h, 2, t + 10 * S);
+    assert_eq!(h.take_returned(), 5);
+    assert!(!h.settling());
+    // A spent grant gives nothing back.
+    let mut h = Holding::default();
+    reported(&mut h, 1, t);
+    h.assign(tokens(4, t), t);
+    reported(&mut h, 4, t + 5 * S);
+    h.assign(tokens(4, t + 5 * S), t + 5 * S);
+    assert!(!h.settling());
+}
+
+#[test]
+fn a_grant_replaced_between_reports_waits_for_a_report_that_left_after_the_replacement() {
+    let t = MINUTE_END - 50 * S;
+    let mut h = Holding::default();
+    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
+    h.assign(tokens(10, t), t);
+    // The tick replaces it 4.5 s later (a new period, say).
+    let at = t + 4_500_000;
+    assert!(matches!(
+        h.on_tick(MINUTE_END + 10_000, limited_next(), Fleet::default()),
+        Step::Grant { .. }
+    ));
+    h.assign(tokens(6, at), at);
+    // A report 0.5 s after it may have left the Envoy before the replacement reached it: the
+    // report after it settles (10 - 2 - 1 = 7).
+    h.on_report(
+        report(2, 0, 5),
+        at + 500_000,
+        limited_next(),
+        Fleet::default(),
+        0,
+    );
+    assert_eq!(h.take_returned(), 0);
+    assert!(h.settling());
+    h.on_report(
+        report(1, 0, 5),
+        at + 5_500_000,
+        limited_next(),
+        Fleet::default(),
+        0,
+    );
+    assert_eq!(h.take_returned(), 7);
+    // Arriving a second or more after the replacement, one report settles.
+    let mut h = Holding::default();
+    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
+    h.assign(tokens(10, t), t);
+    h.on_tick(MINUTE_END + 10_000, limited_next(), Fleet::default());
+    h.assign(tokens(6, at), at);
+    h.on_report(
+        report(2, 0, 5),
+        at + DELIVERY_BOUND_US,
+        limited_next(),
+        Fleet::default(),
+        0,
+    );
+    assert_eq!(h.take_returned(), 8);
+}
+
+/// The minute after [`limited`]'s.
+fn limited_next() -> Treatment {
+    Treatment::Limited {
+        period_end_us: MINUTE_END + 60 * S,
+        rate: 20.0,
     }
 }
