@@ -691,6 +691,21 @@ async fn the_stream_is_served_on_the_grpc_listener() {
     assert_eq!(kinds(&first.bucket_action), ["deny", "tokens:100"]);
     let (_, metrics) = common::http_get(server.running.http_addr, "/metrics").await;
     assert!(metrics.contains("sluice_rlqs_streams 1"), "{metrics}");
+    // The views: the node's streams and buckets, and what its grants hold of the counter.
+    let (_, status) = common::http_get(server.running.http_addr, "/status").await;
+    assert!(
+        status.contains("\"rlqs\":{\"buckets\":1,\"streams\":1}"),
+        "{status}"
+    );
+    let (_, counters) = common::http_get(
+        server.running.http_addr,
+        "/counters?domain=q&descriptor=route=api",
+    )
+    .await;
+    assert!(
+        counters.contains("\"rlqs\":{\"held_in_grants\":100,\"streams\":1}"),
+        "{counters}"
+    );
     assert!(metrics.contains("sluice_rlqs_tokens_granted_total{domain=\"q\"} 100"));
     // A report with no domain ends the stream with the reason.
     tx.send(reports("", vec![])).await.unwrap();

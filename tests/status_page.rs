@@ -129,6 +129,10 @@ async fn the_status_page_shows_every_section_in_a_real_browser() {
         loaded.contains("<td>k</td><td>unit=HOUR requests_per_unit=10, shadow_mode: false"),
         "{loaded}"
     );
+    assert!(
+        section(&dom, "rlqs").contains("<th>streams</th><td>0</td>"),
+        "{dom}"
+    );
     let rates = section(&dom, "rates");
     assert!(rates.contains("<th>denied</th><td>4 "), "{rates}");
     // The most-limited table: the value masked.

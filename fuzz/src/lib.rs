@@ -583,6 +583,7 @@ pub fn admin_http(data: &[u8]) {
             json: true,
             reveal: sluice::admin::counters::Reveal::Masked,
             key_prefix: "sluice:".into(),
+            quota: None,
         };
         (clock, sluice::admin::router(state))
     });

@@ -122,12 +122,15 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Answers a query: the JSON document, or why it is refused.
+/// Answers a query: the JSON document, or why it is refused. `leased`: what this node holds of a
+/// counter (by key) in a hybrid lease; `grants`: what this node's RLQS Envoys hold of a
+/// descriptor's counter.
 pub async fn answer<S: Store>(
     engine: &crate::engine::Engine<S>,
     query: &str,
     reveal: Reveal,
     leased: impl Fn(&[u8]) -> Option<u64>,
+    grants: impl Fn(&str, &[(String, String)]) -> Option<crate::rlqs::GrantsHeld>,
 ) -> Result<Value, Result<QueryError, EngineError>> {
     let request = parse_query(query).map_err(Ok)?;
     if engine.rules().domain(&request.domain).is_none() {
@@ -172,7 +175,11 @@ pub async fn answer<S: Store>(
                     })
                 })
                 .collect();
-            json!({"entries": entries, "rule": rule, "limits": limits})
+            // RLQS buckets of these entries: what this node's Envoys hold of the window in
+            // grants (charged to the counters already, so counted in `used`).
+            let rlqs = grants(&request.domain, &d.entries)
+                .map(|g| json!({"held_in_grants": g.tokens, "streams": g.streams}));
+            json!({"entries": entries, "rule": rule, "limits": limits, "rlqs": rlqs})
         })
         .collect();
     Ok(json!({

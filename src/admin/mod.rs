@@ -41,6 +41,9 @@ pub struct AdminState<S> {
     pub reveal: counters::Reveal,
     /// The Redis key prefix, for `/explain`'s keys.
     pub key_prefix: String,
+    /// The RLQS service: its streams and buckets (`/status`), and what its grants hold of a
+    /// counter (`/counters`).
+    pub quota: Option<Arc<crate::rlqs::QuotaService<S>>>,
 }
 
 pub fn router<S: Store>(state: AdminState<S>) -> Router {
@@ -120,6 +123,9 @@ async fn status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
         },
         "calls": calls.map(|[ok, over_limit, invalid, error]| serde_json::json!({
             "ok": ok, "over_limit": over_limit, "invalid": invalid, "error": error,
+        })),
+        "rlqs": state.quota.as_ref().map(|q| serde_json::json!({
+            "streams": q.streams(), "buckets": q.buckets(),
         })),
     });
     axum::Json(body).into_response()
@@ -229,7 +235,10 @@ async fn counters_answer<S: Store>(
 ) -> Response {
     let query = query.unwrap_or_default();
     let leased = |key: &[u8]| state.upkeep.leased(key);
-    match counters::answer(state.service.engine(), &query, state.reveal, leased).await {
+    let grants = |domain: &str, entries: &[(String, String)]| {
+        state.quota.as_ref().and_then(|q| q.grants(domain, entries))
+    };
+    match counters::answer(state.service.engine(), &query, state.reveal, leased, grants).await {
         Ok(document) => axum::Json(document).into_response(),
         Err(Ok(refused)) => (StatusCode::BAD_REQUEST, format!("{refused}\n")).into_response(),
         Err(Err(failed)) => {

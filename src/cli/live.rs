@@ -142,6 +142,14 @@ pub fn counters_table(document: &Value) -> String {
             _ => "no rule: not limited".to_owned(),
         };
         let _ = writeln!(out, "descriptor {i}: {} ({rule})", entries.join(", "));
+        if let Some(g) = d["rlqs"].as_object() {
+            let _ = writeln!(
+                out,
+                "  RLQS: {} of the window held in grants by {} stream(s) on this node (counted in used)",
+                text(&g["held_in_grants"]),
+                text(&g["streams"])
+            );
+        }
         let limits = d["limits"].as_array().cloned().unwrap_or_default();
         if limits.is_empty() {
             continue;
@@ -245,5 +253,26 @@ mod tests {
         };
         assert_eq!(row("monthly")[2], "1000/month@Europe/Berlin", "{table}");
         assert_eq!(row("hourly")[2], "5/hour", "{table}");
+    }
+
+    #[test]
+    fn rlqs_grants_held_show_under_their_descriptor() {
+        let document = serde_json::json!({"descriptors": [{
+            "entries": [{"key": "route", "value": "api"}],
+            "rule": "route_api",
+            "limits": [],
+            "rlqs": {"held_in_grants": 100, "streams": 2},
+        }, {
+            "entries": [{"key": "route", "value": "free"}],
+            "rule": null,
+            "limits": [],
+            "rlqs": null,
+        }]});
+        let table = counters_table(&document);
+        assert!(
+            table.contains("  RLQS: 100 of the window held in grants by 2 stream(s) on this node"),
+            "{table}"
+        );
+        assert_eq!(table.matches("RLQS").count(), 1, "{table}");
     }
 }

@@ -167,6 +167,7 @@ struct LedgerEntry {
 #[derive(Debug, Default)]
 struct Ledger {
     buckets: AtomicUsize,
+    streams: AtomicUsize,
     counters: Mutex<HashMap<CounterId, LedgerEntry>>,
 }
 
@@ -277,6 +278,34 @@ impl<S: Store> QuotaService<S> {
     pub fn buckets(&self) -> usize {
         self.shared.ledger.buckets.load(Ordering::Relaxed)
     }
+
+    /// Streams open now (one per Envoy and domain).
+    pub fn streams(&self) -> usize {
+        self.shared.ledger.streams.load(Ordering::Relaxed)
+    }
+
+    /// What this node's Envoys hold of the counter of `domain` and `entries` (any order) in
+    /// grants of the window now running, unspent as far as their reports tell, and how many of
+    /// this node's streams hold a bucket of it; None when no stream does. Other nodes' grants are
+    /// theirs to say.
+    pub fn grants(&self, domain: &str, entries: &[(String, String)]) -> Option<GrantsHeld> {
+        let mut sorted = entries.to_vec();
+        sorted.sort_unstable();
+        let id: CounterId = (domain.to_owned(), sorted);
+        let now = self.shared.clock.now_micros();
+        let counters = self.shared.ledger.counters();
+        counters.get(&id).map(|e| GrantsHeld {
+            tokens: if e.held.0 > now { e.held.1 } else { 0 },
+            streams: e.holders,
+        })
+    }
+}
+
+/// What a node's Envoys hold of one counter in RLQS grants (see [`QuotaService::grants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantsHeld {
+    pub tokens: u64,
+    pub streams: u32,
 }
 
 type ResponseStream =

@@ -193,6 +193,7 @@ const TICK_LAG: Duration = Duration::from_millis(5);
 
 impl<S: Store> Session<S> {
     pub(super) fn new(shared: Arc<Shared<S>>) -> Self {
+        shared.ledger.streams.fetch_add(1, Ordering::Relaxed);
         if let Some(o) = &shared.observer {
             o.stream_opened();
         }
@@ -439,6 +440,7 @@ impl<S: Store> Drop for Session<S> {
         for counter in counters {
             self.forget(&counter);
         }
+        self.shared.ledger.streams.fetch_sub(1, Ordering::Relaxed);
         self.observe(|o| o.stream_closed());
     }
 }

@@ -205,7 +205,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     tasks.extend(grpc::serve(
         grpc_listener,
         service.clone(),
-        quota,
+        quota.clone(),
         health_service,
         config.grpc_tls,
         stopped.clone(),
@@ -220,6 +220,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             crate::store::BackendConfig::Redis(redis) => redis.key_prefix.clone(),
             crate::store::BackendConfig::Memory => "sluice:".to_owned(),
         },
+        quota: Some(quota.clone()),
         reveal: if config.show_descriptor_values {
             crate::admin::counters::Reveal::Whole
         } else {
