@@ -274,3 +274,77 @@ async fn a_collector_that_hangs_costs_a_decision_nothing() {
     held.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An RLQS report that changed an Envoy's assignments is a span: its domain, the buckets it
+/// reported and the actions it got.
+#[tokio::test]
+async fn an_rlqs_report_that_changed_assignments_is_a_span() {
+    use sluice::proto::rlqs::{
+        BucketId, BucketQuotaUsage, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
+    };
+    let receiver = Receiver::start().await;
+    let dir = common::temp_dir("traced-rlqs");
+    std::fs::write(dir.join("t.yaml"), RULES).unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .kill_on_drop(true)
+        .args(["serve", "--drain-delay", "0s"])
+        .arg("--config")
+        .arg(&dir)
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{}", receiver.grpc),
+        )
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_healthy(format!("127.0.0.1:{http}").parse().unwrap()).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(RateLimitQuotaUsageReports {
+        domain: "t".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("k".to_owned(), "v".to_owned())].into(),
+            }),
+            time_elapsed: Some(prost_types::Duration::default()),
+            num_requests_allowed: 1,
+            num_requests_denied: 0,
+        }],
+    })
+    .await
+    .unwrap();
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    let first = inbound.message().await.unwrap().unwrap();
+    assert!(!first.bucket_action.is_empty());
+    let span = receiver
+        .until(Duration::from_secs(20), |spans| {
+            spans
+                .iter()
+                .find(|s| s.name.contains("StreamRateLimitQuotas"))
+                .cloned()
+        })
+        .await;
+    assert_eq!(span.kind, SERVER);
+    assert_eq!(span.attr("ratelimit.domain"), Some("t"));
+    assert_eq!(span.attr("rlqs.buckets_reported"), Some("1"));
+    assert_eq!(
+        span.attr("rlqs.actions"),
+        Some(first.bucket_action.len().to_string().as_str())
+    );
+    drop(tx);
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
