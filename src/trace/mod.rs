@@ -256,7 +256,13 @@ pub fn rls_call(headers: &http::HeaderMap) -> tracing::Span {
 /// The span of one request's checks in a call of the limiter on Redis (child of the current
 /// span), and its context for the call's span to link; `Span::none()` when off.
 pub fn redis_group(checks: usize) -> (tracing::Span, Option<SpanContext>) {
-    if !on() || tracing::Span::current().is_none() {
+    if !on() {
+        return (tracing::Span::none(), None);
+    }
+    // Only under a call's span that is being traced: any other current span (a log's) would
+    // make this one a trace of its own.
+    let current = tracing::Span::current();
+    if current.is_none() || !current.context().span().span_context().is_sampled() {
         return (tracing::Span::none(), None);
     }
     let span = tracing::debug_span!(
