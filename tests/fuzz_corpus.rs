@@ -14,7 +14,7 @@ use std::path::Path;
 type Body = fn(&[u8]);
 
 /// Each target and its body.
-const TARGETS: [(&str, Body); 10] = [
+const TARGETS: [(&str, Body); 11] = [
     ("rls_door", bodies::rls_door),
     ("answer_encoder", bodies::answer_encoder),
     ("rules_yaml", bodies::rules_yaml),
@@ -25,6 +25,7 @@ const TARGETS: [(&str, Body); 10] = [
     ("explain_bucket", bodies::explain_bucket),
     ("zones_durations", bodies::zones_durations),
     ("algorithms", bodies::algorithms),
+    ("trace_context", bodies::trace_context),
 ];
 
 fn inputs(dir: &Path) -> Vec<(String, Vec<u8>)> {

@@ -756,3 +756,92 @@ pub fn algorithms(data: &[u8]) {
         }
     }
 }
+
+/// A caller's trace headers and the tracing environment: the caller's context
+/// (`trace::caller`) from any values of `traceparent`, `tracestate`, `b3` and `x-b3-*` (a valid
+/// remote span, or none: the call starts a trace), and `trace::from_env` from any values of its
+/// variables (a configuration that can be used, or an error that names the variable).
+pub fn trace_context(data: &[u8]) {
+    const HEADERS: [&str; 7] = [
+        "traceparent",
+        "tracestate",
+        "b3",
+        "x-b3-traceid",
+        "x-b3-spanid",
+        "x-b3-sampled",
+        "x-b3-flags",
+    ];
+    const VARS: [&str; 16] = [
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "TRACING_ENABLED",
+        "TRACING_EXPORTER_PROTOCOL",
+        "TRACING_SERVICE_NAME",
+        "TRACING_SERVICE_NAMESPACE",
+        "TRACING_SERVICE_INSTANCE_ID",
+        "TRACING_SAMPLING_RATE",
+    ];
+    let mut input = Input::new(data);
+    let mut headers = http::HeaderMap::new();
+    for _ in 0..input.below(8) {
+        let name = *input.pick(&HEADERS);
+        let value = input.text(&[
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1-05e3ac9a4f6e3b90",
+            "80f198ee56343ba864fe8b2a57d3eff7",
+            "e457b5a2e4d86bd1",
+            "0",
+            "1",
+            "d",
+        ]);
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            headers.append(name, value);
+        }
+    }
+    if let sluice::trace::Caller::Span(span) = sluice::trace::caller(&headers) {
+        assert!(span.is_valid() && span.is_remote(), "{span:?}");
+    }
+    let mut env = std::collections::HashMap::new();
+    for _ in 0..input.below(10) {
+        let name = *input.pick(&VARS);
+        let value = input.text(&[
+            "true",
+            "false",
+            "grpc",
+            "http",
+            "http/protobuf",
+            "http://127.0.0.1:4317",
+            "127.0.0.1:4318",
+            "parentbased_traceidratio",
+            "0.25",
+            "service.name=a,k=v%2C",
+            "500",
+        ]);
+        env.insert(name, value);
+    }
+    match sluice::trace::from_env(|k| env.get(k).cloned(), input.bool()) {
+        Ok(Some(config)) => {
+            assert!(config.endpoint.starts_with("http"), "{config:?}");
+            assert_eq!(config.resource[0].0, "service.name");
+            assert!(!config.timeout.is_zero());
+            fn ratios_in_range(s: &sluice::trace::Sampling) -> bool {
+                match s {
+                    sluice::trace::Sampling::Ratio(r) => (0.0..=1.0).contains(r),
+                    sluice::trace::Sampling::ParentBased(inner) => ratios_in_range(inner),
+                    _ => true,
+                }
+            }
+            assert!(ratios_in_range(&config.sampling), "{config:?}");
+        }
+        Ok(None) => {}
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
