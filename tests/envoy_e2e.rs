@@ -721,14 +721,19 @@ descriptors:
   - key: route
     value: api
     rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 300}
+  - key: route
+    value: budget
+    rate_limits:
+      - {unit: second, unit_multiplier: 30, requests_per_unit: 30}
+      - {unit: hour, requests_per_unit: 50}
 "#;
 const RLQS_WINDOW_S: u64 = 30;
 const RLQS_LIMIT: u64 = 300;
 
-/// Envoy with the `rate_limit_quota` filter, every request in the bucket `{route: api}` of
+/// Envoy with the `rate_limit_quota` filter, every request in the bucket `{route: <route>}` of
 /// domain `rlqs`, sluice's RLQS on loopback port `rlqs`; exact settings (deny with no
 /// assignment, nothing on expiry) as deploy/envoy/rlqs.yaml recommends.
-fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16) -> String {
+fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16, route: &str) -> String {
     let routes = r#"
               - match: {prefix: "/"}
                 direct_response: {status: 200, body: {inline_string: "ok\n"}}"#;
@@ -746,7 +751,7 @@ fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16) -> String {
                       "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
                       bucket_id_builder:
                         bucket_id_builder:
-                          route: {string_value: api}
+                          route: {string_value: ROUTE}
                       reporting_interval: 5s
                       no_assignment_behavior:
                         fallback_rate_limit: {blanket_rule: DENY_ALL}"#;
@@ -754,7 +759,7 @@ fn rlqs_bootstrap(front: u16, admin: u16, rlqs: u16) -> String {
         admin,
         front,
         routes,
-        filter,
+        &filter.replace("ROUTE", route),
         "",
         &grpc_cluster("sluice", rlqs, ""),
     )
@@ -835,14 +840,24 @@ static RLQS_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Three real Envoys, the i-th streaming to sluice on `grpc_ports[i]`, with demand 60/30/10
 /// of twice the limit, through two whole windows: what they admitted in each window.
 async fn rlqs_fleet(grpc_ports: [u16; 3], name: &str) -> Vec<(u64, bool)> {
+    rlqs_fleet_on(grpc_ports, name, "api", RLQS_LIMIT).await
+}
+
+/// [`rlqs_fleet`] on the bucket `{route: <route>}` whose tightest window allows `limit`.
+async fn rlqs_fleet_on(
+    grpc_ports: [u16; 3],
+    name: &str,
+    route: &str,
+    limit: u64,
+) -> Vec<(u64, bool)> {
     let mut envoys = Vec::new();
     for (i, rlqs) in grpc_ports.into_iter().enumerate() {
         let (front, admin) = (free_port(), free_port());
-        let config = rlqs_bootstrap(front, admin, rlqs);
+        let config = rlqs_bootstrap(front, admin, rlqs, route);
         envoys.push(run_envoy_config(&config, front, admin, &format!("{name}-{i}")).await);
     }
-    // Twice the limit: 20 a second over the three.
-    let limit_rate = RLQS_LIMIT as f64 / RLQS_WINDOW_S as f64;
+    // Twice the limit: 20 a second over the three (for the API's 300 per 30 s).
+    let limit_rate = limit as f64 / RLQS_WINDOW_S as f64;
     let window = RLQS_WINDOW_S * 1_000_000;
     let until = (unix_micros() / window + 3) * window;
     let loads = envoys
@@ -955,6 +970,54 @@ async fn three_envoys_on_rlqs_with_two_sluice_nodes_sharing_redis_admit_at_most_
     a.stop().await.unwrap();
     b.stop().await.unwrap();
     assert_rlqs_windows(&seen, "two sluice nodes, one Redis");
+}
+
+/// A budget of two tiers through real Envoys: 30 per 30 s and 50 an hour, three Envoys asking
+/// twice the 30-s tier (60/30/10). What a window's grants did not spend goes back to the hour,
+/// and neither tier passes its limit (a 30-s window's first quarter second aside, as above;
+/// the hour counted by the hours of the wall clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() {
+    let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
+    let node = rlqs_node(sluice::store::StoreConfig::new(
+        sluice::store::BackendConfig::Memory,
+    ))
+    .await;
+    let port = node.grpc_addr.port();
+    let seen = rlqs_fleet_on([port, port, port], "rlqs-budget", "budget", 30).await;
+    let (_, metrics) = http_get(node.http_addr, "/metrics").await;
+    let counter = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let granted = counter("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"}");
+    let returned = counter("sluice_rlqs_tokens_returned_total{domain=\"rlqs\"}");
+    node.stop().await.unwrap();
+    let window_us = RLQS_WINDOW_S * 1_000_000;
+    let mut windows = std::collections::BTreeMap::<u64, (u64, u64)>::new();
+    let mut hours = std::collections::BTreeMap::<u64, u64>::new();
+    for &(at, ok) in &seen {
+        if ok {
+            let w = windows.entry(at / window_us * RLQS_WINDOW_S).or_default();
+            w.0 += 1;
+            w.1 += u64::from(at % window_us < RLQS_BOUNDARY_SLICE_US);
+            *hours.entry(at / 3_600_000_000).or_default() += 1;
+        }
+    }
+    eprintln!(
+        "two tiers through real Envoys: (admitted, of them at the window's start) per 30-s \
+         window {windows:?}, per hour {hours:?}; granted {granted}, given back {returned}"
+    );
+    for (window, (n, at_start)) in &windows {
+        assert!(n - at_start <= 30, "window {window}: {n} admitted");
+    }
+    for (hour, n) in &hours {
+        assert!(*n <= 50, "hour {hour}: {n} admitted of 50");
+    }
+    assert!(granted >= returned);
 }
 
 const CONCURRENCY_RULES: &str = r#"
