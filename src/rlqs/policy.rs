@@ -290,12 +290,22 @@ impl Holding {
                 // it would run out within a tick and a half at the demand seen (a tick does it
                 // between reports, see `on_tick`); without, only once it is nearly spent, so
                 // nothing is lost that another Envoy could have used.
-                let top_up = if self.plentiful(now_us, period_end_us, fleet) {
+                let plentiful = self.plentiful(now_us, period_end_us, fleet);
+                let top_up = if plentiful {
                     self.runs_out_soon(now_us)
                 } else {
                     left <= size / 8
                 };
-                if spent || top_up {
+                // Short of room, a grant holding more than its Envoy will spend before the
+                // period ends (it was sized on demand since fallen) is replaced by one sized on
+                // the demand now: the rest goes back once a report settles it, in time for
+                // another Envoy to use it within the period.
+                let oversized = !plentiful && {
+                    let seconds_left = period_end_us.saturating_sub(now_us) as f64 / 1e6;
+                    let will_spend = (self.demand * seconds_left).ceil() as u64;
+                    left >= 2 && left >= 2 * will_spend.max(1)
+                };
+                if spent || top_up || oversized {
                     grant(self)
                 } else {
                     Step::Nothing

@@ -447,3 +447,26 @@ fn limited_next() -> Treatment {
         rate: 20.0,
     }
 }
+
+#[test]
+fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
+    let now = MINUTE_END - 20 * S;
+    // 1 request a second seen, holding 200 with 20 s left, and the counter short of room (the
+    // fleet's demand outruns what is left): the grant is sized down.
+    let mut h = holding_tokens(200, 1, now);
+    let short = Fleet {
+        demand: 50.0,
+        remaining: Some(10),
+        held: 0,
+    };
+    assert!(matches!(
+        h.on_report(report(5, 0, 5), now, limited(), short, 0),
+        Step::Grant { .. }
+    ));
+    // With room for everyone, it is left alone.
+    let mut h = holding_tokens(200, 1, now);
+    assert_eq!(
+        h.on_report(report(5, 0, 5), now, limited(), Fleet::default(), 0),
+        Step::Nothing
+    );
+}
