@@ -110,8 +110,13 @@ end
 -- general path decides.
 local function fixed_window_first(key, field, hits, start, finish, now)
   local ttl = redis.call('PTTL', key)
-  local fields = redis.call('HLEN', key)
-  if ttl >= 0 and fields == 1 then return true end
+  -- Every key this library writes gets its TTL in the call that makes it: one without a TTL was
+  -- made by the addition just now, and holds this window's field alone (no HLEN to ask).
+  local fields = 1
+  if ttl >= 0 then
+    fields = redis.call('HLEN', key)
+    if fields == 1 then return true end
+  end
   local s, c = load_ints(string.sub(key, 1, -2))
   if s == start and c ~= 0 then return false end
   if fields > 1 then
