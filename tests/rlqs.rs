@@ -40,6 +40,15 @@ descriptors:
       - {unit: second, requests_per_unit: 10}
       - {unit: hour, requests_per_unit: 300}
   - key: route
+    value: small
+    rate_limit: {unit: minute, requests_per_unit: 40}
+  - key: route
+    value: mid
+    rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: route
+    value: fast
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: route
     value: budget
     rate_limits:
       - {unit: minute, requests_per_unit: 20}
@@ -384,6 +393,69 @@ async fn two_tiers_give_back_what_a_grant_did_not_spend() {
     assert!(
         hour >= 27,
         "the hour admitted only {hour} of 30 by the end of the next minute"
+    );
+}
+
+/// Three Envoys at `load` times a limit of `limit` per `window_s` on `bucket` (split 60/30/10)
+/// for `seconds`: what they admitted in each window, and how many of their requests were denied
+/// of how many.
+async fn fleet_of_three(
+    bucket: &'static [(&'static str, &'static str)],
+    limit: u64,
+    window_s: u64,
+    load: f64,
+    seconds: u64,
+) -> (Vec<u64>, u64, u64) {
+    let clock = Arc::new(ManualClock::new(START));
+    let node = memory_node(&clock);
+    let start = clock.now_micros();
+    let rate = limit as f64 / window_s as f64 * load;
+    let mut envoys = vec![
+        SimEnvoy::new(&node, rate * 0.6, bucket, start),
+        SimEnvoy::new(&node, rate * 0.3, bucket, start + 1_700 * MS),
+        SimEnvoy::new(&node, rate * 0.1, bucket, start + 3_300 * MS),
+    ];
+    let mut tally = Tally::per(window_s);
+    run(&clock, &mut envoys, seconds, &mut tally).await;
+    let denied = envoys.iter().map(|e| e.denied).sum();
+    let all = denied + envoys.iter().map(|e| e.admitted).sum::<u64>();
+    (tally.admitted.values().copied().collect(), denied, all)
+}
+
+/// The sizes an operator moving from RLS would try, three Envoys at twice the limit: a minute's
+/// window never over and at least nine tenths full; a second's never over (its first aside,
+/// below) and at least 85 % full over 20 s, which takes grants at the limit's rate until the
+/// Envoys' first 5-second reports say their demand; at 85 % of a limit, at most 0.5 % denied.
+#[tokio::test]
+async fn the_usual_sizes_admit_at_most_the_limit_and_nine_tenths_of_it() {
+    const SMALL: &[(&str, &str)] = &[("route", "small")];
+    const MID: &[(&str, &str)] = &[("route", "mid")];
+    const FAST: &[(&str, &str)] = &[("route", "fast")];
+    for (bucket, limit) in [(SMALL, 40), (MID, 600)] {
+        let (minutes, _, _) = fleet_of_three(bucket, limit, 60, 2.0, 300).await;
+        eprintln!("{limit}/minute at twice the limit: admitted per minute {minutes:?}");
+        for n in &minutes {
+            assert!(*n <= limit, "{limit}/minute: {minutes:?}");
+            assert!(*n * 10 >= limit * 9, "{limit}/minute: {minutes:?}");
+        }
+    }
+    let (seconds, _, _) = fleet_of_three(FAST, 100, 1, 2.0, 20).await;
+    let total: u64 = seconds.iter().sum();
+    eprintln!(
+        "100/second at twice the limit: admitted per second {seconds:?}, {total} in 20 s \
+         ({:.0} %)",
+        total as f64 / 20.0
+    );
+    // The first second holds the first requests of the two Envoys whose fallback admitted them
+    // before any grant, with the counter already granted out (these clients fall back to
+    // ALLOW_ALL; docs/rlqs.md says what that costs, and DENY_ALL does not).
+    assert!(seconds[1..].iter().all(|n| *n <= 100), "{seconds:?}");
+    assert!(total * 100 >= 2_000 * 85, "{total} of 2000 in 20 s");
+    let (_, denied, all) = fleet_of_three(MID, 600, 60, 0.85, 180).await;
+    eprintln!("600/minute at 85 % of the limit: {denied} of {all} denied");
+    assert!(
+        denied * 200 <= all,
+        "{denied} of {all} denied at 85 % of the limit"
     );
 }
 

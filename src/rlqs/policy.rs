@@ -132,6 +132,8 @@ pub struct Holding {
     /// Tokens proven unspent by the last report, for the stream to give back (see `returned`).
     returned: u64,
     last_report_us: u64,
+    /// A report over time (not the bucket's first, at 0 elapsed) has measured the demand.
+    measured: bool,
     /// Reports in a row with no request.
     pub idle_reports: u32,
 }
@@ -196,6 +198,7 @@ impl Default for Holding {
             settling: None,
             returned: 0,
             last_report_us: 0,
+            measured: false,
             idle_reports: 0,
         }
     }
@@ -251,6 +254,7 @@ impl Holding {
             rate.max(0.5 * self.demand + 0.5 * rate)
         };
         self.last_report_us = now_us;
+        self.measured |= usage.elapsed_us > 0;
         let (mut allowed, mut denied) = (usage.allowed, usage.denied);
         if let Assigned::Tokens { granted_us, .. } = self.assigned
             && self.grant_between_reports
@@ -362,8 +366,8 @@ impl Holding {
 
     /// Tokens to ask for: the Envoy's demand over the horizon (or what is left of the period),
     /// at most its share of what the counter has left by demand, at least one. A bucket's
-    /// first grant, before any 5-second report says its demand, is at least the limit's rate
-    /// until the next report, so an Envoy under the limit is not denied while it waits for it.
+    /// grants before any 5-second report says its demand are at least the limit's rate until
+    /// the next report, so an Envoy under the limit is not denied while it waits for it.
     pub fn want(&self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> u64 {
         let left_us = period_end_us.saturating_sub(now_us);
         // Plenty left: two reports' worth, so a top-up is rarely needed. Little left: just past
@@ -375,7 +379,10 @@ impl Holding {
         };
         let horizon_s = horizon_us.min(left_us) as f64 / 1e6;
         let mut want = (self.demand * horizon_s).ceil();
-        if self.assigned == Assigned::Nothing {
+        // Until a report over time says the demand (the first is one request, at 0 elapsed),
+        // grants are at least the limit's rate until the next report: a window shorter than the
+        // report interval would otherwise be granted a request a second until it comes.
+        if self.assigned == Assigned::Nothing || !self.measured {
             let until_report_s = ENVOY_REPORT_INTERVAL_US.min(left_us) as f64 / 1e6;
             want = want.max((rate * until_report_s).ceil());
         }
