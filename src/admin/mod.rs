@@ -252,49 +252,64 @@ async fn counters_answer<S: Store>(
 async fn rlconfig<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Response {
     let rules = state.service.engine().rules();
     let mut out = String::new();
-    for (domain, rule, line) in limit_lines(&rules) {
-        out.push_str(&format!("{domain}.{rule}: {line}\n"));
+    for (domain, rules) in limit_lines(&rules) {
+        for (rule, lines) in rules {
+            for line in lines {
+                out.push_str(&format!("{domain}.{rule}: {line}\n"));
+            }
+        }
     }
     (StatusCode::OK, out).into_response()
 }
 
+/// A domain's rules, each with its limits worded as `/rlconfig` words them.
+type DomainLimits = (String, Vec<(String, Vec<String>)>);
+
 /// Every limit of the rules serving, by domain (sorted) and rule: what `/rlconfig` prints after
 /// `domain.rule:`, and what `/config` lists for the status page.
-fn limit_lines(rules: &crate::rules::RuleSet) -> Vec<(String, String, String)> {
+fn limit_lines(rules: &crate::rules::RuleSet) -> Vec<DomainLimits> {
     let mut domains: Vec<_> = rules.domains().collect();
     domains.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut lines = Vec::new();
+    let mut listed = Vec::new();
     for d in domains {
+        let mut rules = Vec::new();
         for rule in d.rules() {
             let flags = format!(
                 "shadow_mode: {}, quota_mode: {}",
                 rule.shadow_mode, rule.quota_mode
             );
-            let mut line = |text: String| lines.push((d.name.clone(), rule.path.clone(), text));
+            let mut lines = Vec::new();
             if rule.unlimited {
-                line(format!("unlimited, {flags}"));
+                lines.push(format!("unlimited, {flags}"));
             }
             for t in &rule.tiers {
-                line(format!("{}, {flags}{}", tier_line(t), tier_extras(t)));
+                lines.push(format!("{}, {flags}{}", tier_line(t), tier_extras(t)));
             }
-            let Some(plan_ref) = &rule.plan else { continue };
-            for plan in d.plans() {
-                if plan.unlimited {
-                    line(format!("plan {}: unlimited, {flags}", plan.name));
-                    continue;
+            if let Some(plan_ref) = &rule.plan {
+                for plan in d.plans() {
+                    if plan.unlimited {
+                        lines.push(format!("plan {}: unlimited, {flags}", plan.name));
+                        continue;
+                    }
+                    for t in plan.groups.get(&plan_ref.group).into_iter().flatten() {
+                        lines.push(format!(
+                            "plan {}: {}, {flags}{}",
+                            plan.name,
+                            tier_line(t),
+                            tier_extras(t)
+                        ));
+                    }
                 }
-                for t in plan.groups.get(&plan_ref.group).into_iter().flatten() {
-                    line(format!(
-                        "plan {}: {}, {flags}{}",
-                        plan.name,
-                        tier_line(t),
-                        tier_extras(t)
-                    ));
-                }
+            }
+            if !lines.is_empty() {
+                rules.push((rule.path.clone(), lines));
             }
         }
+        if !rules.is_empty() {
+            listed.push((d.name.clone(), rules));
+        }
     }
-    lines
+    listed
 }
 
 /// `unit=MINUTE requests_per_unit=20`, as the reference prints a limit; a concurrency limit as
@@ -347,21 +362,16 @@ async fn config_status<S: Store>(State(state): State<Arc<AdminState<S>>>) -> Res
             .map_or(0, |d| d.as_secs())
     };
     // The loaded rules, by domain then rule, each with its limits as /rlconfig words them.
-    let mut loaded: Vec<serde_json::Value> = Vec::new();
-    for (domain, rule, line) in limit_lines(&rules) {
-        if loaded.last().is_none_or(|d| d["domain"] != domain.as_str()) {
-            loaded.push(serde_json::json!({"domain": domain, "rules": []}));
-        }
-        let Some(rules) = loaded.last_mut().and_then(|d| d["rules"].as_array_mut()) else {
-            continue;
-        };
-        if rules.last().is_none_or(|r| r["rule"] != rule.as_str()) {
-            rules.push(serde_json::json!({"rule": rule, "limits": []}));
-        }
-        if let Some(limits) = rules.last_mut().and_then(|r| r["limits"].as_array_mut()) {
-            limits.push(serde_json::Value::String(line));
-        }
-    }
+    let loaded: Vec<serde_json::Value> = limit_lines(&rules)
+        .into_iter()
+        .map(|(domain, rules)| {
+            let rules: Vec<serde_json::Value> = rules
+                .into_iter()
+                .map(|(rule, limits)| serde_json::json!({"rule": rule, "limits": limits}))
+                .collect();
+            serde_json::json!({"domain": domain, "rules": rules})
+        })
+        .collect();
     let mut body = match &state.reloader {
         Some(r) => {
             let s = r.status();

@@ -53,6 +53,23 @@ struct PreparedCheck {
     mode: Option<Mode>,
 }
 
+impl PreparedCheck {
+    /// The check of `hits`, its key and tag read from `keys`.
+    fn with_hits<'a>(&'a self, keys: &'a KeyBuf, hits: u64) -> Check<'a> {
+        Check {
+            key: keys.slice(self.key.clone()),
+            tag: keys.slice(self.tag.clone()),
+            limit: &self.limit,
+            hits,
+            kind: self.kind,
+            on_failure: self.on_failure,
+            mode: self.mode,
+            until_us: 0,
+            slot: 0,
+        }
+    }
+}
+
 /// What applying hits to a resolved descriptor decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
@@ -144,21 +161,10 @@ impl<S: Store> Engine<S> {
         resolved: &ResolvedDescriptor,
         hits: u64,
     ) -> Result<Applied, EngineError> {
-        let keys = &resolved.keys;
         let checks: Vec<Check<'_>> = resolved
             .checks
             .iter()
-            .map(|c| Check {
-                key: keys.slice(c.key.clone()),
-                tag: keys.slice(c.tag.clone()),
-                limit: &c.limit,
-                hits,
-                kind: c.kind,
-                on_failure: c.on_failure,
-                mode: c.mode,
-                until_us: 0,
-                slot: 0,
-            })
+            .map(|c| c.with_hits(&resolved.keys, hits))
             .collect();
         if checks.is_empty() {
             return Ok(Applied {
@@ -209,22 +215,15 @@ impl<S: Store> Engine<S> {
         if window_ends.len() != resolved.checks.len() {
             return Ok(false);
         }
-        let keys = &resolved.keys;
         let checks: Vec<Check<'_>> = resolved
             .checks
             .iter()
             .zip(window_ends)
             .filter(|(c, until)| **until != 0 && c.kind == CheckKind::Enforce)
-            .map(|(c, until)| Check {
-                key: keys.slice(c.key.clone()),
-                tag: keys.slice(c.tag.clone()),
-                limit: &c.limit,
-                hits,
+            .map(|(c, &until_us)| Check {
                 kind: CheckKind::Refund,
-                on_failure: c.on_failure,
-                mode: c.mode,
-                until_us: *until,
-                slot: 0,
+                until_us,
+                ..c.with_hits(&resolved.keys, hits)
             })
             .collect();
         if checks.is_empty() || hits == 0 {
