@@ -67,24 +67,14 @@ async fn serve<S: Store>(
     let ended = loop {
         tokio::select! {
             message = inbound.message() => match message {
-                Ok(Some(reports)) => {
-                    let started = std::time::SystemTime::now();
-                    let buckets = reports.bucket_quota_usages.len();
-                    match session.report(reports).await {
-                    Ok(actions) => {
-                        // A span for a report that changed an assignment (when traced).
-                        if !actions.is_empty() && crate::trace::on() {
-                            let domain = session.domain.as_deref().unwrap_or_default();
-                            crate::trace::rlqs_report(started, &headers, domain, buckets, actions.len());
-                        }
-                        send(actions).await
-                    }
+                Ok(Some(reports)) => match traced_report(&mut session, reports, &headers).await {
+                    Ok(actions) => send(actions).await,
                     Err(status) => {
                         tracing::warn!(?peer, error = %status.message(), "RLQS stream refused");
                         let _ = out.send(Err(status)).await;
                         break "refused";
                     }
-                }},
+                },
                 Ok(None) => break "closed by the client",
                 Err(e) => {
                     tracing::debug!(?peer, error = %e, "RLQS stream broke");
@@ -97,6 +87,23 @@ async fn serve<S: Store>(
     };
     drop(session);
     tracing::info!(?peer, why = ended, "RLQS stream ended");
+}
+
+/// [`Session::report`], and when traces are on a span for a report that changed assignments,
+/// a child of the stream's caller when its `headers` named one.
+async fn traced_report<S: Store>(
+    session: &mut Session<S>,
+    reports: RateLimitQuotaUsageReports,
+    headers: &tonic::codegen::http::HeaderMap,
+) -> Result<Vec<BucketAction>, tonic::Status> {
+    let started = std::time::SystemTime::now();
+    let buckets = reports.bucket_quota_usages.len();
+    let actions = session.report(reports).await?;
+    if !actions.is_empty() && crate::trace::on() {
+        let domain = session.domain.as_deref().unwrap_or_default();
+        crate::trace::rlqs_report(started, headers, domain, buckets, actions.len());
+    }
+    Ok(actions)
 }
 
 /// How the rules treat a bucket: what the explain tool prints and the stream acts on. None
@@ -530,29 +537,26 @@ fn end_grant(bucket: &mut Bucket) {
 /// limit whose window is still the one they were charged to.
 async fn give_back<S: Store>(shared: &Shared<S>, domain: &str, bucket: &mut Bucket) {
     let tokens = bucket.holding.take_returned();
-    let windows = if bucket.holding.settling() {
-        bucket.settling.clone()
-    } else {
-        std::mem::take(&mut bucket.settling)
-    };
-    let Some(descriptor) = &bucket.resolved.0 else {
-        return;
-    };
-    if tokens == 0 {
-        return;
-    }
-    match shared
-        .engine
-        .return_hits(descriptor, tokens, &windows)
-        .await
+    if tokens > 0
+        && let Some(descriptor) = &bucket.resolved.0
     {
-        Ok(true) => {
-            if let Some(o) = &shared.observer {
-                o.returned(domain, tokens);
+        match shared
+            .engine
+            .return_hits(descriptor, tokens, &bucket.settling)
+            .await
+        {
+            Ok(true) => {
+                if let Some(o) = &shared.observer {
+                    o.returned(domain, tokens);
+                }
             }
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "RLQS: giving back unspent tokens failed"),
         }
-        Ok(false) => {}
-        Err(e) => tracing::debug!(error = %e, "RLQS: giving back unspent tokens failed"),
+    }
+    // Settled: the windows are of no grant still waiting.
+    if !bucket.holding.settling() {
+        bucket.settling.clear();
     }
 }
 
