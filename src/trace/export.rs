@@ -192,20 +192,23 @@ mod tests {
         }
     }
 
+    /// A queue exporting to (a clone of) `exporter`, its worker running, and its counts.
+    fn started(exporter: &Counting) -> (Queue, tokio::task::JoinHandle<()>, Arc<Counts>) {
+        let counts = Arc::new(Counts::default());
+        let exporter = exporter.clone();
+        let (queue, worker) = pair(
+            move || Some(exporter),
+            counts.clone(),
+            Duration::from_secs(3600),
+        );
+        (queue, tokio::spawn(worker), counts)
+    }
+
     #[tokio::test]
     async fn a_stuck_collector_drops_and_counts_past_the_queue_and_never_blocks() {
         let exporter = Counting::default();
         exporter.hang.store(true, Ordering::Relaxed);
-        let counts = Arc::new(Counts::default());
-        let (queue, worker) = pair(
-            {
-                let e = exporter.clone();
-                move || Some(e)
-            },
-            counts.clone(),
-            Duration::from_secs(3600),
-        );
-        let worker = tokio::spawn(worker);
+        let (queue, worker, counts) = started(&exporter);
         // The worker takes one batch and hangs in its export; the queue fills behind it.
         let total = QUEUE_SPANS + BATCH_SPANS + 1_000;
         for _ in 0..total {
@@ -221,16 +224,7 @@ mod tests {
     #[tokio::test]
     async fn spans_leave_in_batches_and_the_rest_at_shutdown() {
         let exporter = Counting::default();
-        let counts = Arc::new(Counts::default());
-        let (queue, worker) = pair(
-            {
-                let e = exporter.clone();
-                move || Some(e)
-            },
-            counts.clone(),
-            Duration::from_secs(3600),
-        );
-        let worker = tokio::spawn(worker);
+        let (queue, worker, counts) = started(&exporter);
         for _ in 0..1_500 {
             queue.on_end(span());
         }
@@ -249,13 +243,7 @@ mod tests {
             fail: true,
             ..Counting::default()
         };
-        let counts = Arc::new(Counts::default());
-        let (queue, worker) = pair(
-            move || Some(exporter),
-            counts.clone(),
-            Duration::from_secs(5),
-        );
-        let worker = tokio::spawn(worker);
+        let (queue, worker, counts) = started(&exporter);
         for _ in 0..10 {
             queue.on_end(span());
         }

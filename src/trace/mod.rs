@@ -216,9 +216,14 @@ fn draw() -> u64 {
     })
 }
 
+/// The context a span of ours starts in: the caller's span, or none (a trace of its own).
+fn context_of(parent: Option<SpanContext>) -> Context {
+    parent.map_or_else(Context::new, |p| Context::new().with_remote_span_context(p))
+}
+
 fn with_parent(span: tracing::Span, parent: Option<SpanContext>) -> tracing::Span {
-    if let Some(parent) = parent {
-        let _ = span.set_parent(Context::new().with_remote_span_context(parent));
+    if parent.is_some() {
+        let _ = span.set_parent(context_of(parent));
     }
     span
 }
@@ -298,7 +303,7 @@ pub fn redis_call(
         db.operation.name = "FCALL",
         redis.groups = count,
     );
-    let _ = span.set_parent(Context::new().with_remote_span_context(first.clone()));
+    let span = with_parent(span, Some(first.clone()));
     span.add_link(first);
     for cx in traced {
         span.add_link(cx);
@@ -321,10 +326,7 @@ pub fn rlqs_report(
     let Some(parent) = parent(headers) else {
         return;
     };
-    let cx = match parent {
-        Some(p) => Context::new().with_remote_span_context(p),
-        None => Context::new(),
-    };
+    let cx = context_of(parent);
     let mut span = tracer
         .span_builder(
             "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas report",
