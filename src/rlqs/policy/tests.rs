@@ -395,48 +395,40 @@ fn an_ended_grant_gives_back_what_the_reports_prove_it_did_not_spend() {
 #[test]
 fn a_grant_replaced_between_reports_waits_for_a_report_that_left_after_the_replacement() {
     let t = MINUTE_END - 50 * S;
-    let mut h = Holding::default();
-    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
-    h.assign(tokens(10, t), t);
     // The tick replaces it 4.5 s later (a new period, say).
     let at = t + 4_500_000;
-    assert!(matches!(
-        h.on_tick(MINUTE_END + 10_000, limited_next(), Fleet::default()),
-        Step::Grant { .. }
-    ));
-    h.assign(tokens(6, at), at);
+    // A grant of 10 at `t`, replaced by one of 6 at `at` by the tick at the minute's end.
+    let replaced_by_the_tick = || {
+        let mut h = Holding::default();
+        h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
+        h.assign(tokens(10, t), t);
+        assert!(matches!(
+            h.on_tick(MINUTE_END + 10_000, limited_next(), Fleet::default()),
+            Step::Grant { .. }
+        ));
+        h.assign(tokens(6, at), at);
+        h
+    };
+    let reported = |h: &mut Holding, allowed: u64, when: u64| {
+        h.on_report(
+            report(allowed, 0, 5),
+            when,
+            limited_next(),
+            Fleet::default(),
+            0,
+        );
+    };
     // A report 0.5 s after it may have left the Envoy before the replacement reached it: the
     // report after it settles (10 - 2 - 1 = 7).
-    h.on_report(
-        report(2, 0, 5),
-        at + 500_000,
-        limited_next(),
-        Fleet::default(),
-        0,
-    );
+    let mut h = replaced_by_the_tick();
+    reported(&mut h, 2, at + 500_000);
     assert_eq!(h.take_returned(), 0);
     assert!(h.settling());
-    h.on_report(
-        report(1, 0, 5),
-        at + 5_500_000,
-        limited_next(),
-        Fleet::default(),
-        0,
-    );
+    reported(&mut h, 1, at + 5_500_000);
     assert_eq!(h.take_returned(), 7);
     // Arriving a second or more after the replacement, one report settles.
-    let mut h = Holding::default();
-    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
-    h.assign(tokens(10, t), t);
-    h.on_tick(MINUTE_END + 10_000, limited_next(), Fleet::default());
-    h.assign(tokens(6, at), at);
-    h.on_report(
-        report(2, 0, 5),
-        at + DELIVERY_BOUND_US,
-        limited_next(),
-        Fleet::default(),
-        0,
-    );
+    let mut h = replaced_by_the_tick();
+    reported(&mut h, 2, at + DELIVERY_BOUND_US);
     assert_eq!(h.take_returned(), 8);
 }
 
