@@ -286,19 +286,6 @@ async fn sighup_reloads_even_without_watching() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Run as the reference service is: a `ratelimit` binary, no arguments, its environment.
-fn as_reference(dir: &std::path::Path) -> tokio::process::Command {
-    let link = dir.join("ratelimit");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
-    }
-    let mut c = tokio::process::Command::new(link);
-    c.kill_on_drop(true)
-        .env_clear()
-        .stderr(std::process::Stdio::piped());
-    c
-}
-
 /// Once the server on `http` is healthy, an RLS client of its gRPC port.
 async fn healthy_client(
     http: u16,
@@ -322,15 +309,8 @@ async fn as_ratelimit_it_serves_from_the_references_environment() {
     )
     .unwrap();
     let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = as_reference(&dir)
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http.to_string())
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("RUNTIME_ROOT", dir.join("runtime"))
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+    let mut child = common::as_reference_on(&dir, http, grpc)
         .env("RUNTIME_WATCH_ROOT", "false")
-        .env("USE_STATSD", "false")
         .env("LOG_LEVEL", "info")
         .env("SHADOW_MODE", "true")
         .stderr(std::process::Stdio::null())
@@ -371,7 +351,7 @@ async fn as_ratelimit_its_own_settings_win_over_the_references() {
         common::free_port(),
         common::free_port(),
     );
-    let mut child = as_reference(&dir)
+    let mut child = common::as_reference(&dir)
         .args(["serve", "--http-addr", &format!("127.0.0.1:{http}")])
         .env("PORT", unused.to_string())
         .env("GRPC_PORT", unused.to_string())
@@ -404,7 +384,7 @@ async fn as_ratelimit_its_own_settings_win_over_the_references() {
 #[tokio::test]
 async fn as_ratelimit_it_refuses_what_it_cannot_do_by_name() {
     let dir = common::temp_dir("as-reference-refused");
-    let out = as_reference(&dir)
+    let out = common::as_reference(&dir)
         .env("BACKEND_TYPE", "memcache")
         .output()
         .await

@@ -940,11 +940,11 @@ async fn three_envoys_on_rlqs_admit_at_most_the_limit() {
     let port = node.grpc_addr.port();
     let seen = rlqs_fleet([port, port, port], "rlqs-memory").await;
     let (_, metrics) = http_get(node.http_addr, "/metrics").await;
-    let granted = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"} "))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or(0);
+    let granted = metric(
+        &metrics,
+        "sluice_rlqs_tokens_granted_total{domain=\"rlqs\"}",
+    )
+    .unwrap_or(0);
     let admitted_total = seen.iter().filter(|(_, ok)| *ok).count() as u64;
     assert!(
         granted >= admitted_total,
@@ -986,13 +986,7 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
     let port = node.grpc_addr.port();
     let seen = rlqs_fleet_on([port, port, port], "rlqs-budget", "budget", 30).await;
     let (_, metrics) = http_get(node.http_addr, "/metrics").await;
-    let counter = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let counter = |name: &str| metric(&metrics, name).unwrap_or(0);
     let granted = counter("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"}");
     let returned = counter("sluice_rlqs_tokens_returned_total{domain=\"rlqs\"}");
     node.stop().await.unwrap();
@@ -1359,29 +1353,21 @@ async fn sluice_spans_join_envoys_trace_under_its_rate_limit_call() {
     let redis = common::redis::RedisServer::start();
     let dir = temp_dir("traced");
     std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
-    let (http, grpc) = (free_port(), free_port());
-    let mut sluice = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .kill_on_drop(true)
-        .args(["serve", "--backend", "redis", "--drain-delay", "0s"])
+    let mut env = receiver.grpc_env();
+    env.push(("OTEL_SERVICE_NAME", "sluice".to_owned()));
+    let args = [
+        "--backend",
+        "redis",
         // The spans checked are the counters' (Redis answered): a loaded machine must not turn
         // a call into the failure policy's.
-        .args(["--redis-timeout", "10s"])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--redis-url", &redis.url()])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://{}", receiver.grpc),
-        )
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        .env("OTEL_SERVICE_NAME", "sluice")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
+        "--redis-timeout",
+        "10s",
+        "--redis-url",
+        &redis.url(),
+    ];
+    let (mut sluice, http_addr, grpc_addr) = serve_binary(&dir, &args, &env).await;
     wait_healthy(http_addr).await;
+    let grpc = grpc_addr.port();
     let ports = Ports {
         front: free_port(),
         backend: free_port(),

@@ -425,12 +425,7 @@ async fn a_node_stopped_with_sigterm_gives_its_leases_back() {
     };
     let held = || async {
         let (_, metrics) = common::http_get(addr, "/metrics").await;
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("sluice_lease_hits_held "))
-            .expect("the lease gauge")
-            .parse::<u64>()
-            .unwrap()
+        common::metric(&metrics, "sluice_lease_hits_held").expect("the lease gauge")
     };
     let mut admitted = 0;
     for _ in 0..200 {

@@ -15,8 +15,7 @@ use common::rlqs_envoy::{Blanket, FakeEnvoy};
 use sluice::clock::{Clock, ManualClock};
 use sluice::engine::{Descriptor, Engine, EngineSettings, Request};
 use sluice::proto::rlqs::{
-    BucketId, BucketQuotaUsage, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
-    bucket_action, rate_limit_strategy,
+    BucketId, BucketQuotaUsage, RateLimitQuotaUsageReports, bucket_action, rate_limit_strategy,
 };
 use sluice::rlqs::{QuotaOptions, QuotaService, Session};
 use sluice::rules::load_texts;
@@ -747,18 +746,11 @@ async fn hostile_reports_get_a_clear_answer_and_cost_nothing_else() {
 async fn the_stream_is_served_on_the_grpc_listener() {
     let server = common::start(RULES, "none", EngineSettings::default()).await;
     server.clock.set(START + 10 * S);
-    let mut client = RateLimitQuotaServiceClient::new(server.channel().await);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(reports("q", vec![usage(API, 1, 0, 0)]))
-        .await
-        .unwrap();
-    let outbound =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut inbound = client
-        .stream_rate_limit_quotas(outbound)
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = common::rlqs_envoy::open_stream(
+        server.channel().await,
+        reports("q", vec![usage(API, 1, 0, 0)]),
+    )
+    .await;
     let first = inbound.message().await.unwrap().unwrap();
     assert_eq!(kinds(&first.bucket_action), ["deny", "tokens:100"]);
     let (_, metrics) = common::http_get(server.running.http_addr, "/metrics").await;

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -34,9 +35,9 @@ fn traceparent(trace: &str, span: &str, sampled: bool) -> (&'static str, String)
     )
 }
 
-async fn client(http: u16, grpc: u16) -> RateLimitServiceClient<Channel> {
-    common::wait_healthy(format!("127.0.0.1:{http}").parse().unwrap()).await;
-    RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+async fn client(http: SocketAddr, grpc: SocketAddr) -> RateLimitServiceClient<Channel> {
+    common::wait_healthy(http).await;
+    RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap()
 }
@@ -52,19 +53,8 @@ async fn as_ratelimit_the_references_tracing_variables_export_over_http() {
     let rules = dir.join("runtime/ratelimit/config");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("t.yaml"), RULES).unwrap();
-    let link = dir.join("ratelimit");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
     let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = tokio::process::Command::new(&link)
-        .kill_on_drop(true)
-        .env_clear()
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http.to_string())
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("RUNTIME_ROOT", dir.join("runtime"))
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .env("USE_STATSD", "false")
+    let mut child = common::as_reference_on(&dir, http, grpc)
         .env("TRACING_ENABLED", "true")
         .env("TRACING_SERVICE_NAME", "envoy-ratelimit")
         .env("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system")
@@ -77,7 +67,11 @@ async fn as_ratelimit_the_references_tracing_variables_export_over_http() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut client = client(http, grpc).await;
+    let mut client = client(
+        format!("127.0.0.1:{http}").parse().unwrap(),
+        format!("127.0.0.1:{grpc}").parse().unwrap(),
+    )
+    .await;
     let (w3c, b3, unsampled) = (
         "4bf92f3577b34da6a3ce929d0e0e4736",
         "80f198ee56343ba864fe8b2a57d3eff7",
@@ -129,24 +123,15 @@ async fn a_batched_redis_call_links_every_request_it_carried() {
     let redis = common::redis::RedisServer::start();
     let dir = common::temp_dir("traced-batch");
     std::fs::write(dir.join("t.yaml"), RULES).unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .kill_on_drop(true)
-        .args(["serve", "--backend", "redis", "--drain-delay", "0s"])
-        .args(["--redis-timeout", "60s"])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--redis-url", &redis.url()])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://{}", receiver.grpc),
-        )
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let args = [
+        "--backend",
+        "redis",
+        "--redis-timeout",
+        "60s",
+        "--redis-url",
+        &redis.url(),
+    ];
+    let (mut child, http, grpc) = common::serve_binary(&dir, &args, &receiver.grpc_env()).await;
     let client = client(http, grpc).await;
     // A first call, so the connection is up before Redis is held.
     client.clone().should_rate_limit(call(&[])).await.unwrap();
@@ -221,19 +206,11 @@ async fn a_collector_that_hangs_costs_a_decision_nothing() {
     });
     let dir = common::temp_dir("traced-hung");
     std::fs::write(dir.join("t.yaml"), RULES).unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .kill_on_drop(true)
-        .args(["serve", "--drain-delay", "0s"])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{hung_addr}"))
-        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "500")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{hung_addr}")),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "500".to_owned()),
+    ];
+    let (mut child, http, grpc) = common::serve_binary(&dir, &[], &env).await;
     let mut client = client(http, grpc).await;
     for i in 0..20 {
         let headers = vec![traceparent(
@@ -247,17 +224,10 @@ async fn a_collector_that_hangs_costs_a_decision_nothing() {
             sluice::proto::Code::Ok as i32
         );
     }
-    let http_addr = format!("127.0.0.1:{http}").parse().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, metrics) = common::http_get(http_addr, "/metrics").await;
-        let value = |name: &str| {
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
+        let (_, metrics) = common::http_get(http, "/metrics").await;
+        let value = |name: &str| common::metric(&metrics, name).unwrap_or(0);
         let dropped = value("sluice_trace_spans_total{outcome=\"dropped\"}");
         if dropped >= 20 && value("sluice_trace_export_failures_total") >= 1 {
             assert_eq!(value("sluice_trace_spans_total{outcome=\"exported\"}"), 0);
@@ -279,34 +249,18 @@ async fn a_collector_that_hangs_costs_a_decision_nothing() {
 /// reported and the actions it got.
 #[tokio::test]
 async fn an_rlqs_report_that_changed_assignments_is_a_span() {
-    use sluice::proto::rlqs::{
-        BucketId, BucketQuotaUsage, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
-    };
+    use sluice::proto::rlqs::{BucketId, BucketQuotaUsage, RateLimitQuotaUsageReports};
     let receiver = Receiver::start().await;
     let dir = common::temp_dir("traced-rlqs");
     std::fs::write(dir.join("t.yaml"), RULES).unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .kill_on_drop(true)
-        .args(["serve", "--drain-delay", "0s"])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://{}", receiver.grpc),
-        )
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    common::wait_healthy(format!("127.0.0.1:{http}").parse().unwrap()).await;
-    let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+    let (mut child, http, grpc) = common::serve_binary(&dir, &[], &receiver.grpc_env()).await;
+    common::wait_healthy(http).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
         .await
         .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(RateLimitQuotaUsageReports {
+    let first = RateLimitQuotaUsageReports {
         domain: "t".into(),
         bucket_quota_usages: vec![BucketQuotaUsage {
             bucket_id: Some(BucketId {
@@ -316,16 +270,8 @@ async fn an_rlqs_report_that_changed_assignments_is_a_span() {
             num_requests_allowed: 1,
             num_requests_denied: 0,
         }],
-    })
-    .await
-    .unwrap();
-    let outbound =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut inbound = client
-        .stream_rate_limit_quotas(outbound)
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut inbound) = common::rlqs_envoy::open_stream(channel, first).await;
     let first = inbound.message().await.unwrap().unwrap();
     assert!(!first.bucket_action.is_empty());
     let span = receiver

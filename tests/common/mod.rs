@@ -280,6 +280,76 @@ pub async fn wait_listening(addr: std::net::SocketAddr) {
     }
 }
 
+/// The `sluice` binary serving the rules folder `dir` on free loopback ports, with no drain
+/// delay, `args` after `serve` and the environment variables `envs`: the process (killed when
+/// dropped) and its HTTP and gRPC addresses, once its HTTP port listens.
+pub async fn serve_binary(
+    dir: &std::path::Path,
+    args: &[&str],
+    envs: &[(&str, String)],
+) -> (
+    tokio::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let (http, grpc): (std::net::SocketAddr, std::net::SocketAddr) = (
+        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+    );
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        // A failed test must not leave a server holding the test runner's output open.
+        .kill_on_drop(true)
+        .args(["serve", "--drain-delay", "0s"])
+        .arg("--config")
+        .arg(dir)
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &http.to_string()])
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(http).await;
+    (child, http, grpc)
+}
+
+/// The value of the series `series` (its name and labels as exposed) in a Prometheus text
+/// exposition; None when it is not there.
+pub fn metric(exposition: &str, series: &str) -> Option<u64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Run as the reference service is: a `ratelimit` binary (a link in `dir`), no arguments, its
+/// environment only (stderr piped).
+pub fn as_reference(dir: &std::path::Path) -> tokio::process::Command {
+    let link = dir.join("ratelimit");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+    }
+    let mut c = tokio::process::Command::new(link);
+    c.kill_on_drop(true)
+        .env_clear()
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// [`as_reference`] serving the rules under `dir/runtime/ratelimit/config` (the reference's
+/// RUNTIME_ROOT and RUNTIME_SUBDIRECTORY) on loopback ports `http` and `grpc`, statsd off.
+pub fn as_reference_on(dir: &std::path::Path, http: u16, grpc: u16) -> tokio::process::Command {
+    let mut c = as_reference(dir);
+    c.env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("RUNTIME_ROOT", dir.join("runtime"))
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("USE_STATSD", "false");
+    c
+}
+
 /// The `sluice` binary on the Redis at `redis_url`, in hybrid mode with leases held for an
 /// hour (so only a shutdown gives them back), `/json` on, no drain delay, `extra` flags after;
 /// serving `s=v`-style descriptors of domain `s`, a million a day (a day-long window: a test
@@ -295,28 +365,18 @@ pub async fn serve_hybrid_on_redis(
         "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1000000}\n",
     )
     .unwrap();
-    let (http, grpc) = (free_port(), free_port());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        // A failed test must not leave a server holding the test runner's output open.
-        .kill_on_drop(true)
-        .args(["serve", "--backend", "redis", "--mode", "hybrid"])
-        .args([
-            "--lease-ttl",
-            "3600s",
-            "--drain-delay",
-            "0s",
-            "--json-endpoint",
-        ])
-        .arg("--config")
-        .arg(&dir)
-        .args(["--redis-url", redis_url])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .args(extra)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{http}").parse().unwrap();
-    wait_listening(addr).await;
-    (child, addr, dir)
+    let mut args = vec![
+        "--backend",
+        "redis",
+        "--mode",
+        "hybrid",
+        "--lease-ttl",
+        "3600s",
+        "--json-endpoint",
+        "--redis-url",
+        redis_url,
+    ];
+    args.extend_from_slice(extra);
+    let (child, http, _) = serve_binary(&dir, &args, &[]).await;
+    (child, http, dir)
 }

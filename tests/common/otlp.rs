@@ -170,6 +170,17 @@ impl Receiver {
         Self { grpc, http, spans }
     }
 
+    /// The environment that points sluice at this receiver over OTLP/gRPC.
+    pub fn grpc_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://{}", self.grpc),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
+        ]
+    }
+
     pub fn spans(&self) -> Vec<Received> {
         self.spans.0.lock().unwrap().clone()
     }

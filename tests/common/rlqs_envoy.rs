@@ -292,3 +292,24 @@ impl FakeEnvoy {
         self.buckets.len()
     }
 }
+
+/// An RLQS stream on `channel` that opens with `first`: the sender of further reports, and what
+/// the server sends back.
+pub async fn open_stream(
+    channel: tonic::transport::Channel,
+    first: RateLimitQuotaUsageReports,
+) -> (
+    tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports>,
+    tonic::Streaming<sluice::proto::rlqs::RateLimitQuotaResponse>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let inbound = sluice::proto::rlqs::RateLimitQuotaServiceClient::new(channel)
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, inbound)
+}
