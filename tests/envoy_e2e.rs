@@ -884,12 +884,10 @@ async fn rlqs_fleet_on(
 /// admissions seen in that slice may belong to either window.
 const RLQS_BOUNDARY_SLICE_US: u64 = 250_000;
 
-/// The fleet's admissions per window (by when the load saw them) are at most the limit, but for
-/// those seen in a window's first `RLQS_BOUNDARY_SLICE_US`; the two whole windows are mostly
-/// full.
-fn assert_rlqs_windows(seen: &[(u64, bool)], what: &str) {
+/// Per `RLQS_WINDOW_S` window the loads saw requests in (by its start, in seconds): what was
+/// admitted, and of it what was admitted within the window's boundary slice.
+fn per_window(seen: &[(u64, bool)]) -> std::collections::BTreeMap<u64, (u64, u64)> {
     let window_us = RLQS_WINDOW_S * 1_000_000;
-    // Per window: admitted, and admitted within its boundary slice.
     let mut admitted = std::collections::BTreeMap::<u64, (u64, u64)>::new();
     for &(at, ok) in seen {
         let counted = admitted.entry(at / window_us * RLQS_WINDOW_S).or_default();
@@ -898,6 +896,14 @@ fn assert_rlqs_windows(seen: &[(u64, bool)], what: &str) {
             counted.1 += u64::from(at % window_us < RLQS_BOUNDARY_SLICE_US);
         }
     }
+    admitted
+}
+
+/// The fleet's admissions per window (by when the load saw them) are at most the limit, but for
+/// those seen in a window's first `RLQS_BOUNDARY_SLICE_US`; the two whole windows are mostly
+/// full.
+fn assert_rlqs_windows(seen: &[(u64, bool)], what: &str) {
+    let admitted = per_window(seen);
     eprintln!(
         "{what}: (admitted, of them at the window's start) per {RLQS_WINDOW_S}-second window \
          {admitted:?} (limit {RLQS_LIMIT})"
@@ -990,14 +996,10 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
     let granted = counter("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"}");
     let returned = counter("sluice_rlqs_tokens_returned_total{domain=\"rlqs\"}");
     node.stop().await.unwrap();
-    let window_us = RLQS_WINDOW_S * 1_000_000;
-    let mut windows = std::collections::BTreeMap::<u64, (u64, u64)>::new();
+    let windows = per_window(&seen);
     let mut hours = std::collections::BTreeMap::<u64, u64>::new();
     for &(at, ok) in &seen {
         if ok {
-            let w = windows.entry(at / window_us * RLQS_WINDOW_S).or_default();
-            w.0 += 1;
-            w.1 += u64::from(at % window_us < RLQS_BOUNDARY_SLICE_US);
             *hours.entry(at / 3_600_000_000).or_default() += 1;
         }
     }
