@@ -161,10 +161,35 @@ impl<S: Store> Engine<S> {
         resolved: &ResolvedDescriptor,
         hits: u64,
     ) -> Result<Applied, EngineError> {
+        self.apply_hits_to(resolved, hits, |_| true).await
+    }
+
+    /// Applies `hits` to the limits of `resolved` whose windows are flagged in `tiers` (as
+    /// [`ResolvedDescriptor::window_ends`] orders them), all of them or none: an RLQS grant's
+    /// tokens that may still be spent after the windows they were charged to ended are charged
+    /// again to the windows that follow, and only to those.
+    pub async fn apply_hits_on(
+        &self,
+        resolved: &ResolvedDescriptor,
+        hits: u64,
+        tiers: &[bool],
+    ) -> Result<Applied, EngineError> {
+        self.apply_hits_to(resolved, hits, |i| tiers.get(i).copied().unwrap_or(false))
+            .await
+    }
+
+    async fn apply_hits_to(
+        &self,
+        resolved: &ResolvedDescriptor,
+        hits: u64,
+        on: impl Fn(usize) -> bool,
+    ) -> Result<Applied, EngineError> {
         let checks: Vec<Check<'_>> = resolved
             .checks
             .iter()
-            .map(|c| c.with_hits(&resolved.keys, hits))
+            .enumerate()
+            .filter(|(i, _)| on(*i))
+            .map(|(_, c)| c.with_hits(&resolved.keys, hits))
             .collect();
         if checks.is_empty() {
             return Ok(Applied {

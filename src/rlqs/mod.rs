@@ -160,6 +160,11 @@ struct LedgerEntry {
     remaining: Option<(u64, u64)>,
     /// What this node's Envoys hold unspent of the period's grants, and for which period.
     held: (u64, u64),
+    /// What this node's refilling grants of the counter let their Envoys admit a window.
+    committed: u64,
+    /// Refilling grants of streams that ended: what they commit, until their assignment
+    /// expires (the Envoy may still admit with it, and no other may take that room).
+    lingering: Vec<(u64, u64)>,
 }
 
 /// What this node's streams know together: how many buckets they hold, and per counter every
@@ -177,9 +182,16 @@ impl Ledger {
         self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn fleet(&self, id: &CounterId, period_end_us: u64) -> Fleet {
-        let counters = self.counters();
+    fn fleet(&self, id: &CounterId, period_end_us: u64, now_us: u64) -> Fleet {
+        let mut counters = self.counters();
+        if let Some(e) = counters.get_mut(id) {
+            e.lingering.retain(|&(_, until)| until > now_us);
+        }
         counters.get(id).map_or_else(Fleet::default, |e| Fleet {
+            committed: e
+                .lingering
+                .iter()
+                .fold(e.committed, |sum, &(c, _)| sum.saturating_add(c)),
             demand: e.demand,
             remaining: e
                 .remaining
@@ -201,7 +213,7 @@ impl Ledger {
         if let Some(e) = counters.get_mut(id) {
             e.holders = e.holders.saturating_sub(1);
             e.demand = (e.demand - demand).max(0.0);
-            if e.holders == 0 {
+            if e.holders == 0 && e.lingering.is_empty() {
                 counters.remove(id);
             }
         }
@@ -223,6 +235,38 @@ impl Ledger {
                 e.held = (period_end_us, 0);
             }
             e.held.1 = e.held.1.saturating_sub(before).saturating_add(after);
+        }
+    }
+
+    /// One Envoy's refilling grant of the counter goes from letting it admit `before` a window
+    /// to `wanted`: as much of `wanted` as `limit` leaves beside every other commitment (taken
+    /// under the lock, so two streams cannot both take the same room).
+    fn commit(&self, id: &CounterId, before: u64, wanted: u64, limit: u64, now_us: u64) -> u64 {
+        let mut counters = self.counters();
+        let Some(e) = counters.get_mut(id) else {
+            return 0;
+        };
+        e.lingering.retain(|&(_, until)| until > now_us);
+        let others = e
+            .lingering
+            .iter()
+            .fold(e.committed.saturating_sub(before), |sum, &(c, _)| {
+                sum.saturating_add(c)
+            });
+        let after = wanted
+            .min(limit.saturating_sub(others))
+            .max(before.min(wanted));
+        e.committed = e.committed.saturating_sub(before).saturating_add(after);
+        after
+    }
+
+    /// A stream that held a refilling grant ended: what it commits stays until `expires_us`.
+    fn linger(&self, id: &CounterId, committed: u64, expires_us: u64) {
+        if let Some(e) = self.counters().get_mut(id) {
+            e.committed = e.committed.saturating_sub(committed);
+            if committed > 0 {
+                e.lingering.push((committed, expires_us));
+            }
         }
     }
 

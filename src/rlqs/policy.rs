@@ -27,8 +27,50 @@ pub enum Treatment {
     /// counted.
     Shadow,
     /// Limited: grants are drawn from the counters for a period that ends at `period_end_us`;
-    /// `rate` is the tightest limit's requests per second, the first grant's guide.
-    Limited { period_end_us: u64, rate: f64 },
+    /// `rate` is the tightest limit's requests per second, the first grant's guide. With
+    /// `refill`, the grant is a refilling one (see [`Refill`]).
+    Limited {
+        period_end_us: u64,
+        rate: f64,
+        refill: Option<Refill>,
+    },
+}
+
+/// A window shorter than Envoy's report interval ends several times between two reports, so
+/// reports cannot say what an ended grant left unspent in time to give it back, and a grant of
+/// its own for each window would leave the next window charged with all of the last one (see
+/// [`Holding::carry`]). Such a bucket gets one token bucket that refills: it holds at most one
+/// token and gains a little under `per_window` a window (`wire::refilling`), so in any window,
+/// whenever its assignment reached it, the Envoy admits at most `per_window` (a token at the
+/// start, and less than `per_window − 1 + 1` gained). The boundary needs no new bucket: each
+/// window's tick charges that much to the window (and to the longer tiers) and renews the
+/// assignment. The node's refilling grants of a counter commit at most the window's limit
+/// together (`Fleet::committed`), so every window's charges fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refill {
+    /// The shortest window, in whole seconds, under the report interval.
+    pub window_s: u64,
+    /// That window's limit.
+    pub limit: u64,
+}
+
+/// Whether `limits` are served refilling grants: all are windows, the shortest is a whole
+/// number of seconds under the report interval, and every other's window is a whole number of
+/// it (so its boundaries are all the grant's periods end on).
+pub fn refill_of<'a>(limits: impl IntoIterator<Item = &'a Limit> + Clone) -> Option<Refill> {
+    let shortest = limits.clone().into_iter().min_by_key(|l| l.period_us)?;
+    let window_us = shortest.period_us;
+    let eligible = window_us < ENVOY_REPORT_INTERVAL_US
+        && window_us % MICROS_PER_SECOND == 0
+        && limits.into_iter().all(|l| {
+            l.algorithm.windowed()
+                && (window_us == MICROS_PER_SECOND
+                    || (l.calendar.is_none() && l.period_us % window_us == 0))
+        });
+    eligible.then_some(Refill {
+        window_s: window_us / MICROS_PER_SECOND,
+        limit: shortest.requests,
+    })
 }
 
 /// Where a grant's period ends: the earliest end among the limits it is drawn from. A grant is
@@ -100,6 +142,34 @@ pub enum Assigned {
         expires_us: u64,
         granted_us: u64,
     },
+    /// A refilling grant ([`Refill`]): at most `per_window` admitted a window; `charged` to the
+    /// window that ends at `until_us` (what the Envoy may admit in it).
+    Refill {
+        per_window: u64,
+        charged: u64,
+        until_us: u64,
+        expires_us: u64,
+        granted_us: u64,
+    },
+}
+
+impl Assigned {
+    /// What the counters were charged for the window the assignment belongs to.
+    fn charged(&self) -> Option<u64> {
+        match *self {
+            Assigned::Tokens { size, .. } => Some(size),
+            Assigned::Refill { charged, .. } => Some(charged),
+            _ => None,
+        }
+    }
+
+    /// What the Envoy may admit a window from now on, for the node's commitments.
+    pub fn committed(&self) -> u64 {
+        match *self {
+            Assigned::Refill { per_window, .. } => per_window,
+            _ => 0,
+        }
+    }
 }
 
 /// One report's numbers for the bucket.
@@ -126,27 +196,38 @@ pub struct Holding {
     /// Requests the Envoy reported allowed since the current grant, whole reports (the first may
     /// hold requests of the grant before): at most what the grant spent is this.
     reported_allowed: u64,
+    /// Of those, reported after the grant's period ended: they may have been admitted after it.
+    reported_late: u64,
     /// Grants that ended (replaced, or taken away) with tokens the reports did not show spent,
-    /// waiting for the reports that settle them.
-    settling: Option<Settling>,
+    /// waiting for the reports that settle them, oldest first.
+    settling: Vec<Settling>,
     /// Tokens proven unspent by the last report, for the stream to give back (see `returned`).
     returned: u64,
     last_report_us: u64,
     /// A report over time (not the bucket's first, at 0 elapsed) has measured the demand.
     measured: bool,
+    /// When a grant was last replaced (0: never): one replaced less than [`DELIVERY_BOUND_US`]
+    /// before its window ended may not have reached the Envoy by then.
+    replaced_us: u64,
     /// Reports in a row with no request.
     pub idle_reports: u32,
 }
 
-/// Tokens of ended grants that the Envoy's reports have not yet shown spent, and how many more
-/// reports settle them.
+/// Tokens of ended grants that the Envoy's reports have not yet shown spent, and from when a
+/// report settles them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Settling {
     unspent: u64,
-    reports_left: u8,
-    /// When the last of them was replaced between reports (0: none was).
-    replaced_between_us: u64,
+    due_us: u64,
 }
+
+/// Ended grants kept apart while they wait (a refilling grant ends every window, several
+/// between two reports); past this the youngest are kept together.
+const SETTLING_KEPT: usize = 16;
+
+/// How long a grant may take to reach its Envoy, as far as its denials go: the requests it
+/// denied in that time, with the grant before it spent, do not say the new one ran out.
+const DELIVERY_DENIALS_S: f64 = 0.1;
 
 /// Longer than any message takes between sluice and an Envoy: a report that arrives this long
 /// after a replacement was sent left the Envoy after the replacement reached it.
@@ -160,6 +241,17 @@ pub struct Fleet {
     pub demand: f64,
     pub remaining: Option<u64>,
     pub held: u64,
+    /// What this node's refilling grants of the counter commit a window, this Envoy's included
+    /// (see [`Refill`]).
+    pub committed: u64,
+}
+
+/// Tokens a grant may still spend after the windows it was charged to ended (the period that
+/// ended at `ended_us`), to charge to the windows that follow them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carry {
+    pub tokens: u64,
+    pub ended_us: u64,
 }
 
 /// The next step for the bucket.
@@ -171,10 +263,21 @@ pub enum Step {
         ttl_s: u64,
     },
     /// Draw `want` tokens from the counters for the period that ends at `until_us`, and hand
-    /// them over as a fresh bucket (`DENY_ALL` first, so the new one starts full).
+    /// them over as a fresh bucket (`DENY_ALL` first, so the new one starts full). With a
+    /// `carry`, first charge it to the windows that followed the ended ones (see
+    /// [`Holding::carry`]).
     Grant {
         want: u64,
         until_us: u64,
+        carry: Option<Carry>,
+    },
+    /// A refilling grant for the window (of `refill`) that ends at `until_us`: let the Envoy
+    /// admit `per_window` a window (0: none, `DENY_ALL`), charging what
+    /// [`Holding::refill_charge`] says.
+    Refill {
+        per_window: u64,
+        until_us: u64,
+        refill: Refill,
     },
     AllowAll,
     /// Charge what a shadow rule's Envoy admitted (the rule counts, never denies).
@@ -195,10 +298,12 @@ impl Default for Holding {
             denied: 0,
             grant_between_reports: false,
             reported_allowed: 0,
-            settling: None,
+            reported_late: 0,
+            settling: Vec::new(),
             returned: 0,
             last_report_us: 0,
             measured: false,
+            replaced_us: 0,
             idle_reports: 0,
         }
     }
@@ -229,14 +334,25 @@ impl Holding {
             Treatment::Shadow => Step::AllowAll,
             Treatment::Limited {
                 period_end_us,
+                refill: Some(refill),
+                ..
+            } => self.refill_on_report(period_end_us, refill, fleet),
+            Treatment::Limited {
+                period_end_us,
                 rate,
+                refill: None,
             } => self.limited(now_us, period_end_us, rate, fleet),
         }
     }
 
     fn learn(&mut self, usage: Usage, now_us: u64) {
-        self.settle(usage.allowed, now_us);
-        self.reported_allowed = self.reported_allowed.saturating_add(usage.allowed);
+        let untaken = self.settle(usage.allowed, now_us);
+        self.reported_allowed = self.reported_allowed.saturating_add(untaken);
+        if let Assigned::Tokens { until_us, .. } = self.assigned
+            && until_us <= now_us
+        {
+            self.reported_late = self.reported_late.saturating_add(untaken);
+        }
         let requests = usage.allowed.saturating_add(usage.denied);
         self.idle_reports = if requests == 0 {
             self.idle_reports.saturating_add(1)
@@ -256,7 +372,8 @@ impl Holding {
         self.last_report_us = now_us;
         self.measured |= usage.elapsed_us > 0;
         let (mut allowed, mut denied) = (usage.allowed, usage.denied);
-        if let Assigned::Tokens { granted_us, .. } = self.assigned
+        if let Assigned::Tokens { granted_us, .. } | Assigned::Refill { granted_us, .. } =
+            self.assigned
             && self.grant_between_reports
         {
             // Only the share of this report that came after the grant.
@@ -275,19 +392,137 @@ impl Holding {
         self.denied = self.denied.saturating_add(denied);
     }
 
-    /// A grant for the period ending at `period_end_us`, sized by [`Holding::want`].
+    /// A grant for the period ending at `period_end_us`, sized by [`Holding::want`], with what
+    /// the grant it replaces may still spend if its period has ended.
     fn grant(&self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
+        let carry = self.carry(period_end_us);
         Step::Grant {
             want: self.want(now_us, period_end_us, rate, fleet),
             until_us: period_end_us,
+            carry,
         }
+    }
+
+    /// **Nothing late.** Envoy spends a grant until its replacement reaches it, which is after
+    /// the window it was charged to ended, so tokens charged to one window may be admitted in
+    /// the next. What may be: the tokens of the grant the Envoy holds that its reports from
+    /// before the window ended have not shown spent, and of grants replaced less than [`DELIVERY_BOUND_US`] before the window
+    /// ended (which may not have reached it by then) those not yet settled. The stream charges
+    /// them to the windows that follow the ended ones before it draws the new grant; the reports
+    /// that settle the ended grant give back what they prove unspent there as well (see
+    /// [`Holding::take_returned`]), since every request the ended grant admitted late is in
+    /// them. None when the assignment's period has not ended.
+    pub fn carry(&self, period_end_us: u64) -> Option<Carry> {
+        let (ended_us, holds) = match self.assigned {
+            Assigned::Tokens { until_us, size, .. } if until_us < period_end_us => (
+                until_us,
+                size.saturating_sub(self.reported_allowed.saturating_sub(self.reported_late)),
+            ),
+            Assigned::DenyAll { until_us, .. } if until_us < period_end_us => (until_us, 0),
+            _ => return None,
+        };
+        let replaced_late = self.replaced_us.saturating_add(DELIVERY_BOUND_US) > ended_us;
+        let settling = if replaced_late {
+            self.settling
+                .iter()
+                .fold(0, |sum: u64, s| sum.saturating_add(s.unspent))
+        } else {
+            0
+        };
+        let tokens = holds.saturating_add(settling);
+        (tokens > 0).then_some(Carry { tokens, ended_us })
+    }
+
+    /// A report under a refilling rule: a grant when the Envoy holds none for the window (or
+    /// nothing was left and it still asks); its rate changes only at a window's end.
+    fn refill_on_report(&self, period_end_us: u64, refill: Refill, fleet: Fleet) -> Step {
+        match self.assigned {
+            Assigned::Refill { until_us, .. } if until_us == period_end_us => Step::Nothing,
+            Assigned::DenyAll { until_us, .. }
+                if until_us == period_end_us && self.denied == 0 && self.used == 0 =>
+            {
+                Step::Nothing
+            }
+            _ => self.refill_step(period_end_us, refill, fleet),
+        }
+    }
+
+    /// The refilling grant for the window ending at `period_end_us`, at the rate
+    /// [`Holding::refill_rate`] says.
+    fn refill_step(&self, period_end_us: u64, refill: Refill, fleet: Fleet) -> Step {
+        Step::Refill {
+            per_window: self.refill_rate(refill, fleet),
+            until_us: period_end_us,
+            refill,
+        }
+    }
+
+    /// What to charge the window ending at `period_end_us` for a refilling grant of
+    /// `per_window` sent at `now_us`: at a window's start, the higher of the old and new rate
+    /// (the new one reaches the Envoy some time into the window); from within one, the token a
+    /// new bucket starts with and the new rate for what is left of the window.
+    pub fn refill_charge(
+        &self,
+        per_window: u64,
+        now_us: u64,
+        period_end_us: u64,
+        window_s: u64,
+    ) -> u64 {
+        match self.assigned {
+            Assigned::Refill {
+                per_window: running,
+                until_us,
+                ..
+            } if until_us < period_end_us => running.max(per_window),
+            _ if per_window == 0 => 0,
+            _ => {
+                let window_us = window_s.saturating_mul(MICROS_PER_SECOND).max(1);
+                let left_us = period_end_us.saturating_sub(now_us).min(window_us);
+                let share = u128::from(per_window) * u128::from(left_us);
+                let share = share.div_ceil(u128::from(window_us)) as u64;
+                per_window.min(share.saturating_add(1))
+            }
+        }
+    }
+
+    /// What a refilling grant may admit a window: the Envoy's demand over a window and a
+    /// quarter more (so one under its share is not denied by how its requests fall), or the
+    /// window's whole limit until a report over time says its demand; at most its share by
+    /// demand of the limit, and what the node's other refilling grants leave of it.
+    pub fn refill_rate(&self, refill: Refill, fleet: Fleet) -> u64 {
+        let window_s = refill.window_s as f64;
+        let wanted = if self.measured {
+            (self.demand * window_s * 1.25).ceil() + 1.0
+        } else {
+            refill.limit as f64
+        };
+        // Until a report over time says its demand, an Envoy's share is weighed as if it asked
+        // the whole limit: its first report (one request) would make it a sliver, and it waits
+        // up to 5 s for the next.
+        let rate = refill.limit as f64 / window_s;
+        let weight = if self.measured {
+            self.demand
+        } else {
+            self.demand.max(rate)
+        };
+        let others = (fleet.demand - self.demand).max(0.0);
+        let share = refill.limit as f64 * weight / (others + weight).max(f64::MIN_POSITIVE);
+        let committed = fleet.committed.saturating_sub(self.assigned.committed());
+        let room = refill.limit.saturating_sub(committed);
+        // `as` saturates a float (and maps NaN to 0).
+        let per_window = wanted.min(share.floor().max(1.0)) as u64;
+        per_window.min(room).min(MAX_GRANT)
     }
 
     fn limited(&mut self, now_us: u64, period_end_us: u64, rate: f64, fleet: Fleet) -> Step {
         let grant = |h: &Self| h.grant(now_us, period_end_us, rate, fleet);
         match self.assigned {
             Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
-                let spent = self.denied > 0 || self.used >= size;
+                // Denials say the grant ran out only beyond those of the moment before it
+                // reached the Envoy (the old one was spent then), which the report after it
+                // also holds.
+                let denials_before_it = self.demand * DELIVERY_DENIALS_S + 1.0;
+                let spent = self.denied as f64 > denials_before_it || self.used >= size;
                 let left = size.saturating_sub(self.used);
                 // A fresh bucket replaces the old one, whose unspent rest is lost, so a grant
                 // is topped up only about to run out: with room for everyone's demand, when
@@ -360,6 +595,9 @@ impl Holding {
             Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
                 size.saturating_sub(self.used)
             }
+            Assigned::Refill {
+                charged, until_us, ..
+            } if until_us == period_end_us => charged.saturating_sub(self.used),
             _ => 0,
         }
     }
@@ -400,9 +638,9 @@ impl Holding {
         // The period the assignment belongs to (0: none, yet it should have one: reported but
         // not granted, or allowed under rules that have changed since).
         let current = match self.assigned {
-            Assigned::Tokens { until_us, .. } | Assigned::DenyAll { until_us, .. } => {
-                Some(until_us)
-            }
+            Assigned::Tokens { until_us, .. }
+            | Assigned::Refill { until_us, .. }
+            | Assigned::DenyAll { until_us, .. } => Some(until_us),
             Assigned::Nothing if self.last_report_us != 0 => Some(0),
             Assigned::AllowAll { .. } => Some(0),
             Assigned::Nothing => None,
@@ -410,9 +648,17 @@ impl Holding {
         if let Treatment::Limited {
             period_end_us,
             rate,
+            refill,
         } = treatment
         {
             let new_period = current.is_some_and(|until_us| until_us != period_end_us);
+            if let Some(refill) = refill {
+                if new_period {
+                    self.grant_between_reports = true;
+                    return self.refill_step(period_end_us, refill, fleet);
+                }
+                return self.renewal(now_us);
+            }
             // With room to spare, a grant about to run out is topped up between reports.
             let top_up = matches!(self.assigned,
                 Assigned::Tokens { until_us, .. } if until_us == period_end_us)
@@ -424,8 +670,18 @@ impl Holding {
                 return self.grant(now_us, period_end_us, rate, fleet);
             }
         }
+        self.renewal(now_us)
+    }
+
+    /// A renewal when the assignment would expire within a second, before its period ends.
+    fn renewal(&self, now_us: u64) -> Step {
         match self.assigned {
             Assigned::Tokens {
+                until_us,
+                expires_us,
+                ..
+            }
+            | Assigned::Refill {
                 until_us,
                 expires_us,
                 ..
@@ -447,25 +703,27 @@ impl Holding {
 
     /// A report's `allowed` settles the ended grants: every one of those requests may have been
     /// spent from them (after their last report, before the Envoy had their replacement), so
-    /// only what is left after all of them is proven unspent.
-    fn settle(&mut self, allowed: u64, now_us: u64) {
-        let Some(mut s) = self.settling.take() else {
-            return;
-        };
-        s.unspent = s.unspent.saturating_sub(allowed);
-        // A report that arrives well after the replacement left the Envoy after it: it holds
-        // every request the ended grants admitted, and settles them alone.
-        let after = now_us.saturating_sub(s.replaced_between_us) >= DELIVERY_BOUND_US;
-        s.reports_left = if after {
-            0
-        } else {
-            s.reports_left.saturating_sub(1)
-        };
-        if s.reports_left == 0 || s.unspent == 0 {
-            self.returned = self.returned.saturating_add(s.unspent);
-        } else {
-            self.settling = Some(s);
-        }
+    /// they are taken from the waiting grants' tokens, oldest first, and what a grant due to
+    /// settle has left after that is proven unspent. What they do not take is the held grant's
+    /// (returned): each request is taken once, from the earliest grant that may have spent it,
+    /// so a grant gives back too little when a later one spent the requests taken from it, and
+    /// the later one makes up for it only when it settles after it — never too much at any
+    /// moment (they give back to the same windows, see `stream::end_grant`).
+    fn settle(&mut self, allowed: u64, now_us: u64) -> u64 {
+        let mut allowed = allowed;
+        let mut returned = 0u64;
+        self.settling.retain_mut(|s| {
+            let taken = allowed.min(s.unspent);
+            s.unspent -= taken;
+            allowed -= taken;
+            let settled = s.due_us <= now_us || s.unspent == 0;
+            if settled {
+                returned = returned.saturating_add(s.unspent);
+            }
+            !settled
+        });
+        self.returned = self.returned.saturating_add(returned);
+        allowed
     }
 
     /// Tokens of ended grants the reports proved unspent since last asked: the stream gives them
@@ -480,34 +738,42 @@ impl Holding {
 
     /// Whether an ended grant still waits for a report to settle it.
     pub fn settling(&self) -> bool {
-        self.settling.is_some()
+        !self.settling.is_empty()
     }
 
     /// The Envoy was told `assigned`. A grant it replaces ends: what its reports did not show
     /// spent settles with the next reports (see [`Holding::take_returned`]).
     pub fn assign(&mut self, assigned: Assigned, now_us: u64) {
-        if let Assigned::Tokens { size, .. } = self.assigned
+        if let Some(size) = self.assigned.charged()
             && assigned != self.assigned
         {
+            self.replaced_us = now_us;
             let unspent = size.saturating_sub(self.reported_allowed);
-            // Replaced between reports (a tick): the next report may have left the Envoy before
-            // the replacement reached it.
-            let reports_left = if self.grant_between_reports { 2 } else { 1 };
+            // Replaced in answer to a report: the next report left the Envoy after the
+            // replacement reached it. Replaced between reports (a tick): only one that arrives
+            // a delivery's bound after it surely did.
+            let due_us = if self.grant_between_reports {
+                now_us.saturating_add(DELIVERY_BOUND_US)
+            } else {
+                now_us.saturating_add(1)
+            };
             if unspent > 0 {
-                let s = self.settling.get_or_insert(Settling {
-                    unspent: 0,
-                    reports_left: 0,
-                    replaced_between_us: 0,
-                });
-                s.unspent = s.unspent.saturating_add(unspent);
-                s.reports_left = s.reports_left.max(reports_left);
-                if reports_left == 2 {
-                    s.replaced_between_us = now_us;
+                if self.settling.len() >= SETTLING_KEPT
+                    && let Some(youngest) = self.settling.last_mut()
+                {
+                    youngest.unspent = youngest.unspent.saturating_add(unspent);
+                    youngest.due_us = youngest.due_us.max(due_us);
+                } else {
+                    self.settling.push(Settling { unspent, due_us });
                 }
             }
         }
-        if matches!(assigned, Assigned::Tokens { .. } | Assigned::DenyAll { .. }) {
+        if matches!(
+            assigned,
+            Assigned::Tokens { .. } | Assigned::Refill { .. } | Assigned::DenyAll { .. }
+        ) {
             self.reported_allowed = 0;
+            self.reported_late = 0;
             self.used = 0;
             self.denied = 0;
         }
@@ -519,6 +785,7 @@ impl Holding {
         let expires = now_us.saturating_add(ttl_s.saturating_mul(MICROS_PER_SECOND));
         match &mut self.assigned {
             Assigned::Tokens { expires_us, .. }
+            | Assigned::Refill { expires_us, .. }
             | Assigned::DenyAll { expires_us, .. }
             | Assigned::AllowAll { expires_us } => *expires_us = expires,
             Assigned::Nothing => {}

@@ -11,7 +11,9 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::policy::{Assigned, BLANKET_TTL_US, Fleet, Holding, Step, Treatment, Usage};
+use super::policy::{
+    Assigned, BLANKET_TTL_US, Carry, Fleet, Holding, Refill, Step, Treatment, Usage, refill_of,
+};
 use super::{AssignmentKind, CounterId, Refusal, Shared, period_end_us, ttl_seconds, wire};
 use crate::clock::MICROS_PER_SECOND;
 use crate::counter::FailureMode;
@@ -140,6 +142,7 @@ impl Resolved {
                         .iter()
                         .map(|l| l.requests as f64 * 1e6 / l.period_us as f64)
                         .fold(f64::INFINITY, f64::min),
+                    refill: refill_of(self.limits()),
                 },
                 None => Treatment::Allow,
             },
@@ -404,11 +407,19 @@ impl<S: Store> Session<S> {
 
     fn forget(&mut self, counter: &CounterId) {
         if let Some(bucket) = self.buckets.remove(counter) {
-            if let Assigned::Tokens { until_us, .. } = bucket.holding.assigned {
-                let unspent = bucket.holding.unspent(until_us);
-                self.shared
-                    .ledger
-                    .held_changed(counter, until_us, unspent, 0);
+            match bucket.holding.assigned {
+                Assigned::Tokens { until_us, .. } => {
+                    let unspent = bucket.holding.unspent(until_us);
+                    self.shared
+                        .ledger
+                        .held_changed(counter, until_us, unspent, 0);
+                }
+                Assigned::Refill { expires_us, .. } => self.shared.ledger.linger(
+                    counter,
+                    bucket.holding.assigned.committed(),
+                    expires_us,
+                ),
+                _ => {}
             }
             self.shared.ledger.leave(counter, bucket.holding.demand);
             self.shared.ledger.buckets.fetch_sub(1, Ordering::Relaxed);
@@ -520,7 +531,10 @@ fn refresh<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, rules: &Arc<RuleSe
 
 /// The grant the Envoy holds is about to be replaced: its windows join the settling ones.
 fn end_grant(bucket: &mut Bucket) {
-    if !matches!(bucket.holding.assigned, Assigned::Tokens { .. }) {
+    if !matches!(
+        bucket.holding.assigned,
+        Assigned::Tokens { .. } | Assigned::Refill { .. }
+    ) {
         return;
     }
     let charged = std::mem::take(&mut bucket.charged);
@@ -562,7 +576,11 @@ async fn give_back<S: Store>(shared: &Shared<S>, domain: &str, bucket: &mut Buck
 
 fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatment) -> Fleet {
     match treatment {
-        Treatment::Limited { period_end_us, .. } => shared.ledger.fleet(counter, period_end_us),
+        Treatment::Limited { period_end_us, .. } => {
+            shared
+                .ledger
+                .fleet(counter, period_end_us, shared.clock.now_micros())
+        }
         _ => Fleet::default(),
     }
 }
@@ -587,16 +605,53 @@ async fn execute<S: Store>(
     counter: &CounterId,
     actions: &mut Vec<BucketAction>,
 ) {
-    let observe = |kind| {
-        if let Some(o) = &shared.observer {
-            o.assigned(kind);
-        }
-    };
+    let committed = bucket.holding.assigned.committed();
+    if let Step::Refill {
+        per_window,
+        until_us,
+        refill,
+    } = step
+    {
+        return execute_refill(
+            shared, domain, bucket, per_window, until_us, refill, now, counter, actions,
+        )
+        .await;
+    }
+    execute_step(shared, domain, bucket, step, now, counter, actions).await;
+    let after = bucket.holding.assigned.committed();
+    if after != committed {
+        shared
+            .ledger
+            .commit(counter, committed, after, u64::MAX, now);
+    }
+}
+
+fn observe<S: Store>(shared: &Shared<S>, kind: AssignmentKind) {
+    if let Some(o) = &shared.observer {
+        o.assigned(kind);
+    }
+}
+
+/// Runs one step but a refilling grant's.
+async fn execute_step<S: Store>(
+    shared: &Shared<S>,
+    domain: &str,
+    bucket: &mut Bucket,
+    step: Step,
+    now: u64,
+    counter: &CounterId,
+    actions: &mut Vec<BucketAction>,
+) {
+    let observe = |kind| observe(shared, kind);
     match step {
-        Step::Nothing | Step::Abandon => {}
+        Step::Nothing | Step::Abandon | Step::Refill { .. } => {}
         Step::Renew { ttl_s } => {
             let action = match bucket.holding.assigned {
                 Assigned::Tokens { size, .. } => wire::tokens(&bucket.id, ttl_s, size),
+                Assigned::Refill { per_window, .. } => match refill_of(bucket.resolved.limits()) {
+                    Some(refill) => wire::refilling(&bucket.id, ttl_s, per_window, refill.window_s),
+                    None => return,
+                },
                 Assigned::DenyAll { .. } => wire::deny_all(&bucket.id, ttl_s),
                 Assigned::AllowAll { .. } | Assigned::Nothing => return,
             };
@@ -609,7 +664,14 @@ async fn execute<S: Store>(
             allow_all(bucket, now, actions, observe);
         }
         Step::AllowAll => allow_all(bucket, now, actions, observe),
-        Step::Grant { want, until_us } => {
+        Step::Grant {
+            want,
+            until_us,
+            carry,
+        } => {
+            if let Some(carry) = carry {
+                carry_over(shared, bucket, carry, now).await;
+            }
             // Under a second left: the tick at the window's end grants the next one.
             let Some(ttl_s) = ttl_seconds(now, until_us) else {
                 return;
@@ -669,6 +731,167 @@ async fn execute<S: Store>(
             }
         }
     }
+}
+
+/// A refilling grant (see `policy::Refill`): takes the rate's room in the node's commitments
+/// first (under the ledger's lock), charges the window what the Envoy may admit in it, and
+/// sends the bucket only when its rate changed (the same bucket again renews it, and Envoy
+/// keeps its token).
+#[allow(clippy::too_many_arguments)]
+async fn execute_refill<S: Store>(
+    shared: &Shared<S>,
+    domain: &str,
+    bucket: &mut Bucket,
+    wanted: u64,
+    until_us: u64,
+    refill: Refill,
+    now: u64,
+    counter: &CounterId,
+    actions: &mut Vec<BucketAction>,
+) {
+    let Some(ttl_s) = ttl_seconds(now, until_us) else {
+        return;
+    };
+    let running = bucket.holding.assigned;
+    let before = running.committed();
+    let reserved = shared
+        .ledger
+        .commit(counter, before, wanted, refill.limit, now);
+    let charge = bucket
+        .holding
+        .refill_charge(reserved, now, until_us, refill.window_s);
+    let granted = if charge == 0 {
+        Granted::Nothing
+    } else {
+        grant(shared, domain, bucket, charge, until_us, counter).await
+    };
+    if !matches!(granted, Granted::Unanswered | Granted::PolicyAllow) {
+        end_grant(bucket);
+    }
+    let expires_us = now + ttl_s * MICROS_PER_SECOND;
+    let per_window = match granted {
+        Granted::Tokens(charged, at_us) => {
+            // Short of room (another node, or RLS calls on the same counters): the rate the
+            // charge covers.
+            let per_window = if charged < charge {
+                reserved.min(charged)
+            } else {
+                reserved
+            };
+            let same = matches!(running, Assigned::Refill { per_window: p, .. } if p == per_window);
+            actions.push(wire::refilling(
+                &bucket.id,
+                ttl_s,
+                per_window,
+                refill.window_s,
+            ));
+            bucket.charged = bucket
+                .resolved
+                .0
+                .as_ref()
+                .map(|d| d.window_ends(at_us.unwrap_or(now)))
+                .unwrap_or_default();
+            bucket.holding.assign(
+                Assigned::Refill {
+                    per_window,
+                    charged,
+                    until_us,
+                    expires_us,
+                    granted_us: now,
+                },
+                now,
+            );
+            if let Some(o) = &shared.observer {
+                o.granted(domain, charged);
+            }
+            observe(
+                shared,
+                if same {
+                    AssignmentKind::Renewal
+                } else {
+                    AssignmentKind::TokenBucket
+                },
+            );
+            per_window
+        }
+        Granted::Nothing | Granted::PolicyDeny => {
+            let ttl_s = if matches!(granted, Granted::PolicyDeny) {
+                ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND)
+            } else {
+                ttl_s
+            };
+            actions.push(wire::deny_all(&bucket.id, ttl_s));
+            bucket.holding.assign(
+                Assigned::DenyAll {
+                    until_us,
+                    expires_us: now + ttl_s * MICROS_PER_SECOND,
+                },
+                now,
+            );
+            observe(shared, AssignmentKind::DenyAll);
+            0
+        }
+        Granted::PolicyAllow => {
+            allow_all(bucket, now, actions, |kind| observe(shared, kind));
+            0
+        }
+        Granted::Unanswered => before,
+    };
+    shared
+        .ledger
+        .commit(counter, reserved, per_window, u64::MAX, now);
+}
+
+/// Charges what an ended grant may still spend (see `Holding::carry`) to the windows that
+/// followed the ended ones, as much as they have left, and moves where its settling gives back
+/// to them (nowhere when they could not take it all: what is proven unspent then may be what
+/// they did not take).
+async fn carry_over<S: Store>(
+    shared: &Shared<S>,
+    bucket: &mut Bucket,
+    carry: Carry,
+    now: u64,
+) -> bool {
+    let Some(descriptor) = &bucket.resolved.0 else {
+        return true;
+    };
+    let old = descriptor.window_ends(carry.ended_us.saturating_sub(1));
+    let new = descriptor.window_ends(now);
+    let ended: Vec<bool> = old
+        .iter()
+        .zip(&new)
+        .map(|(o, n)| *o != 0 && o != n)
+        .collect();
+    if !ended.contains(&true) {
+        return true;
+    }
+    let mut hits = carry.tokens;
+    let mut whole = false;
+    for _ in 0..3 {
+        match shared.engine.apply_hits_on(descriptor, hits, &ended).await {
+            Ok(applied) if applied.decided_by != DecidedBy::Counters => break,
+            Ok(applied) if applied.allowed => {
+                whole = hits == carry.tokens;
+                break;
+            }
+            Ok(applied) if applied.remaining == 0 || hits <= 1 => break,
+            Ok(applied) => hits = applied.remaining.min(hits - 1),
+            Err(e) => {
+                tracing::debug!(error = %e, "RLQS: charging a late grant's tokens failed");
+                break;
+            }
+        }
+    }
+    for windows in [&mut bucket.charged, &mut bucket.settling] {
+        if windows.len() == ended.len() {
+            for ((w, &ended), &next) in windows.iter_mut().zip(&ended).zip(&new) {
+                if ended {
+                    *w = if whole { next } else { 0 };
+                }
+            }
+        }
+    }
+    whole
 }
 
 fn allow_all(

@@ -24,6 +24,7 @@ fn limited() -> Treatment {
     Treatment::Limited {
         period_end_us: MINUTE_END,
         rate: 20.0,
+        refill: None,
     }
 }
 
@@ -88,20 +89,26 @@ fn a_first_report_gets_a_grant_sized_to_its_demand() {
         grant(1, MINUTE_END - 30 * S),
         Step::Grant {
             want: 100,
-            until_us
+            until_us,
+            carry: None
         }
     );
     // Near the window's end, only what is left of it.
     assert_eq!(
         grant(1, MINUTE_END - 3 * S),
-        Step::Grant { want: 60, until_us }
+        Step::Grant {
+            want: 60,
+            until_us,
+            carry: None
+        }
     );
     // A burst in the first report: its own rate, over two reports.
     assert_eq!(
         grant(50, MINUTE_END - 30 * S),
         Step::Grant {
             want: 500,
-            until_us
+            until_us,
+            carry: None
         }
     );
 }
@@ -163,6 +170,7 @@ fn a_spent_grant_is_granted_again_and_a_lasting_one_is_left_alone() {
         demand: 10.0,
         remaining: Some(100),
         held: 50,
+        committed: 0,
     };
     h.on_report(report(50, 0, 5), now, limited(), scarce, 0);
     assert_eq!(h.on_tick(now + 4 * S, limited(), scarce), Step::Nothing);
@@ -176,6 +184,7 @@ fn when_little_is_left_a_grant_is_renewed_only_once_nearly_spent() {
         demand: 10.0,
         remaining: Some(300),
         held: 0,
+        committed: 0,
     };
     let mut h = holding_tokens(100, 10, now);
     assert_eq!(
@@ -206,6 +215,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
         demand: 60.0,
         remaining: Some(90),
         held: 0,
+        committed: 0,
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, fleet), 30);
     assert_eq!(h.want(now, MINUTE_END, 20.0, Fleet::default()), 200);
@@ -214,6 +224,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
         demand: 60.0,
         remaining: Some(0),
         held: 0,
+        committed: 0,
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, empty), 1);
 }
@@ -242,12 +253,18 @@ fn the_window_end_brings_a_new_grant_and_renewals_stop_at_it() {
     let next = Treatment::Limited {
         period_end_us: MINUTE_END + 60 * S,
         rate: 20.0,
+        refill: None,
     };
     assert_eq!(
         h.on_tick(MINUTE_END + 5_000, next, Fleet::default()),
         Step::Grant {
             want: 100,
-            until_us: MINUTE_END + 60 * S
+            until_us: MINUTE_END + 60 * S,
+            // No report since the grant: all of it may still be spent after the window.
+            carry: Some(Carry {
+                tokens: 100,
+                ended_us: MINUTE_END
+            })
         }
     );
 }
@@ -259,6 +276,7 @@ fn the_report_after_a_grant_between_reports_counts_only_what_came_after_it() {
     let next = Treatment::Limited {
         period_end_us: MINUTE_END + 60 * S,
         rate: 20.0,
+        refill: None,
     };
     assert!(matches!(
         h.on_tick(now, next, Fleet::default()),
@@ -323,7 +341,7 @@ proptest! {
         h.on_report(report(allowed, denied, elapsed_s), now, Treatment::Allow, Fleet::default(), 0);
         prop_assert!(h.demand.is_finite() && h.demand >= 0.0);
         let end = now.saturating_add(left_us);
-        let fleet = Fleet { demand: fleet_demand, remaining, held: 0 };
+        let fleet = Fleet { demand: fleet_demand, remaining, held: 0, committed: 0 };
         let want = h.want(now, end, rate, fleet);
         prop_assert!((1..=MAX_GRANT).contains(&want));
         if let Some(r) = remaining.filter(|r| *r > 0) {
@@ -437,6 +455,7 @@ fn limited_next() -> Treatment {
     Treatment::Limited {
         period_end_us: MINUTE_END + 60 * S,
         rate: 20.0,
+        refill: None,
     }
 }
 
@@ -450,6 +469,7 @@ fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
         demand: 50.0,
         remaining: Some(10),
         held: 0,
+        committed: 0,
     };
     assert!(matches!(
         h.on_report(report(5, 0, 5), now, limited(), short, 0),
@@ -461,4 +481,222 @@ fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
         h.on_report(report(5, 0, 5), now, limited(), Fleet::default(), 0),
         Step::Nothing
     );
+}
+
+/// The next minute, as a treatment.
+fn next_minute() -> Treatment {
+    Treatment::Limited {
+        period_end_us: MINUTE_END + 60 * S,
+        rate: 20.0,
+        refill: None,
+    }
+}
+
+#[test]
+fn what_an_ended_grant_may_still_spend_is_carried_and_a_report_after_the_end_does_not_shrink_it() {
+    let t = MINUTE_END - 20 * S;
+    let mut h = Holding::default();
+    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
+    h.assign(tokens(10, t), t);
+    // 4 reported before the minute ends: 6 may still be spent after it.
+    h.on_report(report(4, 0, 5), t + 5 * S, limited(), Fleet::default(), 0);
+    assert_eq!(
+        h.carry(MINUTE_END + 60 * S),
+        Some(Carry {
+            tokens: 6,
+            ended_us: MINUTE_END
+        })
+    );
+    // Within the period nothing is carried.
+    assert_eq!(h.carry(MINUTE_END), None);
+    // A report that arrives after the end holds requests that may be late ones: the carry
+    // stays 6, and the grant drawn at that report carries them.
+    let step = h.on_report(
+        report(5, 0, 5),
+        MINUTE_END + 2_000,
+        next_minute(),
+        Fleet::default(),
+        0,
+    );
+    assert!(
+        matches!(
+            step,
+            Step::Grant {
+                carry: Some(Carry { tokens: 6, .. }),
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn a_report_is_taken_once_from_the_ended_grants_oldest_first_and_the_rest_from_the_held_one() {
+    let t = MINUTE_END - 50 * S;
+    let mut h = Holding::default();
+    h.on_report(report(1, 0, 0), t, limited(), Fleet::default(), 0);
+    h.assign(tokens(10, t), t);
+    // Replaced at once by a tick (between reports): 10 wait, due a second later.
+    h.grant_between_reports = true;
+    h.assign(tokens(20, t + S), t + S);
+    // The next report's 14: 10 from the ended grant (which then has nothing to give back),
+    // the other 4 from the held one.
+    h.on_report(report(14, 0, 5), t + 5 * S, limited(), Fleet::default(), 0);
+    assert_eq!(h.take_returned(), 0);
+    assert!(!h.settling());
+    assert_eq!(h.reported_allowed, 4);
+    // Replaced at a report: what it has not shown spent, 16, waits for the next report, which
+    // takes its 6 from it.
+    h.assign(tokens(8, t + 5 * S), t + 5 * S);
+    h.on_report(report(6, 0, 5), t + 10 * S, limited(), Fleet::default(), 0);
+    assert_eq!(h.take_returned(), 10);
+    assert_eq!(h.reported_allowed, 0);
+}
+
+/// A window of `window_s` and `limit` that ends at `period_end_us`.
+fn refilling(window_s: u64, limit: u64, period_end_us: u64) -> Treatment {
+    Treatment::Limited {
+        period_end_us,
+        rate: limit as f64 / window_s as f64,
+        refill: Some(Refill { window_s, limit }),
+    }
+}
+
+#[test]
+fn windows_shorter_than_the_reports_are_refilled_and_others_are_not() {
+    let second = limit(Algorithm::FixedWindow, 100, 1);
+    let two = limit(Algorithm::FixedWindow, 10, 2);
+    let minute = limit(Algorithm::FixedWindow, 1000, 60);
+    let hour = limit(Algorithm::FixedWindow, 5000, 3600);
+    let bucket = limit(Algorithm::TokenBucket, 10, 1);
+    assert_eq!(
+        refill_of([&second, &hour]),
+        Some(Refill {
+            window_s: 1,
+            limit: 100
+        })
+    );
+    assert_eq!(
+        refill_of([&two, &minute]),
+        Some(Refill {
+            window_s: 2,
+            limit: 10
+        })
+    );
+    assert_eq!(refill_of([&minute, &hour]), None);
+    assert_eq!(
+        refill_of([&second, &bucket]),
+        None,
+        "buckets have no windows"
+    );
+    let three = limit(Algorithm::FixedWindow, 10, 3);
+    assert_eq!(refill_of([&two, &three]), None, "2 s does not divide 3 s");
+}
+
+#[test]
+fn a_refilling_grant_charges_its_window_what_the_envoy_may_admit_in_it() {
+    let fast = refilling(1, 100, MINUTE_END);
+    let start = MINUTE_END - S + 400_000;
+    // A first report 0.6 s before the window ends: its share is the whole limit until a report
+    // says its demand, and the window is charged the token it starts with and 0.6 of a window.
+    let mut h = Holding::default();
+    let step = h.on_report(report(1, 0, 0), start, fast, Fleet::default(), 0);
+    assert_eq!(
+        step,
+        Step::Refill {
+            per_window: 100,
+            until_us: MINUTE_END,
+            refill: Refill {
+                window_s: 1,
+                limit: 100
+            }
+        }
+    );
+    assert_eq!(h.refill_charge(100, start, MINUTE_END, 1), 61);
+    h.assign(
+        Assigned::Refill {
+            per_window: 100,
+            charged: 61,
+            until_us: MINUTE_END,
+            expires_us: MINUTE_END + S,
+            granted_us: start,
+        },
+        start,
+    );
+    // Another Envoy's grants commit 40 a window: at the next window's start the rate falls to
+    // 60, and that window is charged the old rate (the new one reaches the Envoy some time
+    // into it).
+    let fleet = Fleet {
+        demand: 2.0,
+        committed: 140,
+        ..Fleet::default()
+    };
+    let next = refilling(1, 100, MINUTE_END + S);
+    let step = h.on_tick(MINUTE_END + 5_000, next, fleet);
+    let Step::Refill { per_window, .. } = step else {
+        panic!("{step:?}");
+    };
+    // Its demand not yet measured, its share is weighed as the whole limit: what the room
+    // leaves.
+    assert_eq!(per_window, 60);
+    assert_eq!(
+        h.refill_charge(60, MINUTE_END + 5_000, MINUTE_END + S, 1),
+        100
+    );
+    // Within the window a report changes nothing.
+    h.assign(
+        Assigned::Refill {
+            per_window: 60,
+            charged: 100,
+            until_us: MINUTE_END + S,
+            expires_us: MINUTE_END + 2 * S,
+            granted_us: MINUTE_END + 5_000,
+        },
+        MINUTE_END + 5_000,
+    );
+    assert_eq!(
+        h.on_report(report(50, 0, 1), MINUTE_END + 500_000, next, fleet, 0),
+        Step::Nothing
+    );
+    // Measured at last (60 a second of 120 asked by the node's Envoys): its share by demand.
+    h.on_report(report(30, 30, 1), MINUTE_END + 900_000, next, fleet, 0);
+    let fleet = Fleet {
+        demand: 120.0,
+        committed: 100,
+        ..Fleet::default()
+    };
+    assert_eq!(
+        h.refill_rate(
+            Refill {
+                window_s: 1,
+                limit: 100
+            },
+            fleet
+        ),
+        50
+    );
+}
+
+proptest! {
+    /// A refilling grant never lets its Envoy admit more in a window than it commits, nor
+    /// commits more than the limit leaves beside the node's other grants, over the whole range.
+    #[test]
+    fn a_refilling_grant_is_within_its_room_over_the_whole_range(
+        allowed in any::<u64>(),
+        denied in any::<u64>(),
+        elapsed_s in 0u64..=u64::MAX / S,
+        window_s in 1u64..5,
+        limit in 1u64..=u64::MAX,
+        committed in any::<u64>(),
+        fleet_demand in proptest::num::f64::POSITIVE | proptest::num::f64::ZERO,
+    ) {
+        let mut h = Holding::default();
+        h.on_report(report(allowed, denied, elapsed_s), S, Treatment::Allow, Fleet::default(), 0);
+        let refill = Refill { window_s, limit };
+        let fleet = Fleet { demand: fleet_demand, committed, ..Fleet::default() };
+        let per_window = h.refill_rate(refill, fleet);
+        prop_assert!(per_window <= limit.saturating_sub(committed).min(MAX_GRANT));
+        let charge = h.refill_charge(per_window, S, S + window_s * S, window_s);
+        prop_assert!(charge <= per_window);
+    }
 }
