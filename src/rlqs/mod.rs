@@ -16,9 +16,14 @@
 //! **Where the window ends.** Envoy spends a grant until something replaces it: the tick just
 //! after a window's end (`TICK_LAG`, 5 ms) sends every bucket the new window's grant, so for
 //! those few milliseconds, and the trip to the Envoy, it may still admit with the tokens of the
-//! window before, which counted them. The time to live cannot close that gap (Envoy reads it in
-//! whole seconds, from when it gets the assignment, and a one-second window could then never
-//! hold a grant); it only bounds it if this node stops before the tick (see `ttl_seconds`).
+//! window before. What it may still spend is charged to the new window first
+//! (`Holding::carry`), and given back there once reports prove it unspent, so counted by when
+//! each Envoy decided no window passes its limit. The time to live cannot close that gap (Envoy
+//! reads it in whole seconds, from when it gets the assignment, and a one-second window could
+//! then never hold a grant); it only bounds it if this node stops before the tick (see
+//! `ttl_seconds`). A window shorter than the 5-s reports would so be charged with nearly all of
+//! the grant before it: such a bucket gets one refilling token bucket instead, charged window
+//! by window (`policy::Refill`).
 //!
 //! **Why it is full.** Grants follow each Envoy's reported demand (requests allowed and denied
 //! per second, smoothed), sized to cover about two of Envoy's 5-second reports, and capped at
