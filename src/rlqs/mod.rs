@@ -56,8 +56,8 @@ use futures_util::Stream;
 use tokio::sync::watch;
 
 pub use policy::{
-    Assigned, BLANKET_TTL_US, ENVOY_REPORT_INTERVAL_US, Fleet, Holding, MAX_GRANT, Step, Treatment,
-    Usage, period_end_us, ttl_seconds,
+    Assigned, BLANKET_TTL_US, Carry, DELIVERY_BOUND_US, ENVOY_REPORT_INTERVAL_US, Fleet, Holding,
+    MAX_GRANT, Refill, Step, Treatment, Usage, period_end_us, refill_of, ttl_seconds,
 };
 pub use stream::{Resolved, Session, resolve};
 
