@@ -348,21 +348,6 @@ fn store_state(conn: &mut redis::Connection, key: &[u8], state: &State, limit: &
     run(&mut redis::cmd("FLUSHALL"));
     let value = match state {
         State::Empty => return,
-        // An odd count in the form before the hash ("start_us count" under the key without
-        // its '#', as a node of the last version leaves it in a rollout), which the script
-        // reads when the hash has no field for the window; an even one in the hash.
-        State::Window { start_us, count } if count % 2 == 1 => {
-            let old_key = key
-                .strip_suffix(b"#")
-                .expect("a fixed window's key ends in #");
-            let value = ints(&[*start_us, *count]);
-            run(redis::cmd("SET")
-                .arg(old_key)
-                .arg(value)
-                .arg("PX")
-                .arg(TTL_MS));
-            return;
-        }
         State::Window { start_us, count } => {
             // As fixed_window.lua names a window: its start in seconds, or in µs if not whole.
             let field = if start_us % 1_000_000 == 0 {

@@ -7,8 +7,7 @@ use crate::counter::fnv1a;
 use crate::limiter::Algorithm;
 
 /// The Redis key of a counter and its cluster slot: `prefix{tag}key`, and for a fixed window
-/// `prefix{tag}key#` (a hash of its window's count, see fixed_window.lua; the form before it
-/// was a string under `prefix{tag}key`, which a rollout's old nodes still write).
+/// `prefix{tag}key#` (a hash of its window's count, see fixed_window.lua).
 pub fn redis_key(prefix: &[u8], tag: &[u8], key: &[u8], algorithm: Algorithm) -> (Vec<u8>, u16) {
     // 8 hex digits choose the slot well enough; a shared tag only co-locates keys (the encoded
     // key after it keeps them distinct), and every byte counts per key in Redis.

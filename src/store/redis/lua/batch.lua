@@ -356,8 +356,8 @@ local function batches(keys, argv)
         break
       end
       local before = counted - hits
-      -- A window's first hit stands unless the old form counts the window (or reading it
-      -- failed: the general path then meets the same error, as the group's).
+      -- A window's first hit stands once it has its TTL (where giving it failed, the general
+      -- path meets the same error, as the group's).
       local first = false
       if before == 0 then
         local fine, stands = pcall(fixed_window_first, key, w_field, hits, w_start, w_finish, now)

@@ -1,15 +1,12 @@
 -- Twin of src/limiter/fixed_window.rs. State: a hash under "<key>#" (the key the caller sends)
--- with one field, the window's start in seconds, whose value is the window's count. So a
--- decision is one HINCRBY where the window already counts (the fast path below), else an HGET
--- and an HINCRBY, with no string to parse or format. The
--- window is a field, not part of the key's name, because the caller names every key a script
--- touches: Redis Cluster moves a slot key by key, and routes a call by the keys it declares.
---
--- Before, a window was "start_us count", a string under "<key>" itself. A window not yet in the
--- hash takes its count from that form (a rollout: what old nodes record before the first new
--- one's hit is kept; what they record after it is theirs alone until they go). That read is of
--- a key the call does not declare, in the same slot; it is the one exception, and only on the
--- first hit of a window.
+-- with one field, the window's start in seconds, whose value is the window's count, expiring
+-- when the window ends. So a decision is one HINCRBY where the window already counts (the fast
+-- path below), and one more command, its TTL, on the window's first hit; else an HGET and an
+-- HINCRBY, with no string to parse or format. The window is a field, not part of the key's
+-- name, because the caller names every key a script touches: Redis Cluster moves a slot key by
+-- key, and routes a call by the keys it declares. (Until December 2026 a window was
+-- "start_us count", a string under "<key>" itself; that form is no longer read: a rollout from
+-- a build that wrote it counts its current windows afresh.)
 
 -- A window's field, by its start: kept, since the checks of a call (and of the calls in the
 -- same second) share a few windows. A number given to redis.call is formatted for it ('%.17g',
@@ -43,14 +40,11 @@ local function fixed_window_current(key, now, period)
   local field = fixed_window_field(start)
   local count = tonumber(redis.call('HGET', key, field))
   if count then return start, field, count, true, finish end
-  local s, c = load_ints(string.sub(key, 1, -2))
-  if s == start then return start, field, c, false, finish end
   return start, field, 0, false, finish
 end
 
 -- Writes the count `to` in place of `from` (`held`: the hash holds `from`). A new window
--- replaces the hash (and its last window). A zero is kept, not deleted, where the old form holds
--- a count: deleted, the window would read it again.
+-- replaces the hash (and its last window).
 local function fixed_window_store(key, field, now, period, from, to, held)
   if held then
     if to ~= from then redis.call('HINCRBY', key, field, to - from) end
@@ -103,42 +97,34 @@ end
 -- address, touched a few times a window) — and `fixed_window_first` settles it.
 
 -- The first hit of a window on the fast path (the count before it 0, `hits` within the limit):
--- whether the addition stands, as the general path would have decided. It stands where the
--- hash held the window at 0, and where the window is new — then the hash becomes what the
--- general path makes it: this window's field alone, expiring with the window. Where the old
--- form counts this window (a rollout), it does not: the caller takes the hit back and the
--- general path decides.
+-- the addition stands, as the general path would have decided, and the key expires with the
+-- window. Where the key was new (most first hits: the last window's key expired with it) that
+-- makes the hash what the general path makes it. Where the hash held the window at 0, the TTL
+-- is the one it had. Where it still holds a window that ended within the last millisecond (a TTL
+-- is rounded up to one), that field stays beside this one until the key expires: every read is
+-- of the current window's field. No reading first: a PTTL and an HLEN cost Redis more than
+-- the field they would save. True (the caller's shape).
+local ttl_text, ttl_text_finish, ttl_text_now = nil, nil, nil
+
 local function fixed_window_first(key, field, hits, start, finish, now)
-  local ttl = redis.call('PTTL', key)
-  -- Every key this library writes gets its TTL in the call that makes it: one without a TTL was
-  -- made by the addition just now, and holds this window's field alone (no HLEN to ask).
-  local fields = 1
-  if ttl >= 0 then
-    fields = redis.call('HLEN', key)
-    if fields == 1 then return true end
+  -- The calls' groups share a time and mostly a window: its TTL as text made once (a number
+  -- given to redis.call is formatted for it).
+  if ttl_text_finish ~= finish or ttl_text_now ~= now then
+    ttl_text = string.format('%d', ttl_arg(finish, now))
+    ttl_text_finish, ttl_text_now = finish, now
   end
-  local s, c = load_ints(string.sub(key, 1, -2))
-  if s == start and c ~= 0 then return false end
-  if fields > 1 then
-    redis.call('DEL', key)
-    redis.call('HSET', key, field, hits)
-  end
-  expire_at(key, finish, now)
+  redis.call('PEXPIRE', key, ttl_text)
   return true
 end
 
--- Takes back what the fast path added, exactly. From a count of 0: the hash holds one field
--- at most, so two fields mean the window's was new; a key without a TTL was made by the
--- addition.
+-- Takes back what the fast path added: the count goes back to what it was (a window's first
+-- hit taken back leaves its field at 0 until the key expires with the window, which reads as
+-- no count).
 local function fixed_window_take_back(key, field, hits, before)
-  if before == 0 then
-    if redis.call('PTTL', key) < 0 then
-      redis.call('DEL', key)
-      return
-    elseif redis.call('HLEN', key) > 1 then
-      redis.call('HDEL', key, field)
-      return
-    end
+  if before == 0 and redis.call('PTTL', key) < 0 then
+    -- Made by the addition and never given its TTL (the first hit's PEXPIRE failed): gone again.
+    redis.call('DEL', key)
+    return
   end
   redis.call('HINCRBY', key, field, -hits)
 end
