@@ -103,10 +103,10 @@ end
 -- is the one it had. Where it still holds a window that ended within the last millisecond (a TTL
 -- is rounded up to one), that field stays beside this one until the key expires: every read is
 -- of the current window's field. No reading first: a PTTL and an HLEN cost Redis more than
--- the field they would save. True (the caller's shape).
+-- the field they would save.
 local ttl_text, ttl_text_finish, ttl_text_now = nil, nil, nil
 
-local function fixed_window_first(key, field, hits, start, finish, now)
+local function fixed_window_first(key, finish, now)
   -- The calls' groups share a time and mostly a window: its TTL as text made once (a number
   -- given to redis.call is formatted for it).
   if ttl_text_finish ~= finish or ttl_text_now ~= now then
@@ -114,7 +114,6 @@ local function fixed_window_first(key, field, hits, start, finish, now)
     ttl_text_finish, ttl_text_now = finish, now
   end
   redis.call('PEXPIRE', key, ttl_text)
-  return true
 end
 
 -- Takes back what the fast path added: the count goes back to what it was (a window's first
