@@ -127,6 +127,7 @@ fn redis_store(topology: Topology, mode: Mode) -> StoreConfig {
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(2),
             key_prefix: "sluice:".into(),
+            read_string_windows: false,
         }))
     }
 }
@@ -532,6 +533,7 @@ async fn memory(keys: u64) {
         timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(2),
         key_prefix: "sluice:".into(),
+        read_string_windows: false,
     })
     .unwrap();
     let store = Arc::new(store);

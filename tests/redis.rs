@@ -84,6 +84,7 @@ fn redis_store(topology: Topology, timeout: Duration) -> RedisStore {
         timeout,
         connect_timeout: Duration::from_secs(2),
         key_prefix: "sluice:".into(),
+        read_string_windows: false,
     })
     .unwrap()
 }
@@ -1273,6 +1274,7 @@ fn one_call_store(topology: Topology, clock: &Arc<ManualClock>) -> RedisStore {
         timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(2),
         key_prefix: "b:".into(),
+        read_string_windows: false,
     })
     .unwrap()
     .with_pinned_clock(clock.clone())

@@ -101,6 +101,12 @@ pub struct ServeArgs {
     /// Prefix of every Redis key (no braces).
     #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
     redis_key_prefix: String,
+    /// During a rolling upgrade from a build before December 2026: read a fixed window's count
+    /// also from the form it wrote (a string under the key without its `#`), so what its nodes
+    /// counted in the current windows is kept. Costs Redis a read on every window's first hit;
+    /// leave it off once the old nodes are gone and their windows have ended.
+    #[arg(long, env = "SLUICE_REDIS_READ_STRING_WINDOWS")]
+    redis_read_string_windows: bool,
     /// When Redis cannot answer: allow, deny, local (this node decides alone) or error (gRPC
     /// UNAVAILABLE, so Envoy's failure_mode_deny decides). A rule's `failure_mode` overrides it.
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "local")]
@@ -406,6 +412,7 @@ impl ServeArgs {
                 timeout: self.redis_timeout,
                 connect_timeout: self.redis_connect_timeout,
                 key_prefix: self.redis_key_prefix.clone(),
+                read_string_windows: self.redis_read_string_windows,
             }),
         };
         if let BackendConfig::Redis(_) = backend {

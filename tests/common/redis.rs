@@ -382,6 +382,7 @@ pub fn shared_config(
             timeout,
             connect_timeout: Duration::from_secs(2),
             key_prefix: "sluice:".into(),
+            read_string_windows: false,
         },
     ))
 }

@@ -27,6 +27,11 @@ pub struct RedisOptions {
     /// Per connection attempt (made ahead, in the background, when it can be).
     pub connect_timeout: Duration,
     pub key_prefix: String,
+    /// Reads a fixed window's count also from the form builds before December 2026 wrote (a
+    /// string `start_us count` under the key without its `#`), on the window's first hit: for a
+    /// rolling upgrade from such a build, so what its nodes counted in the current windows is
+    /// kept. Costs Redis a read on every window's first hit.
+    pub read_string_windows: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

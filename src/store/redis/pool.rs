@@ -85,7 +85,7 @@ impl Lanes {
             reached: AtomicBool::new(false),
             connect_timeout: options.connect_timeout,
         });
-        let limiter = Arc::new(Limiter::default());
+        let limiter = Arc::new(Limiter::new(options.read_string_windows));
         let queues = match &pool.conns {
             // One call in flight per connection, each carrying what queued meanwhile.
             Connections::Standalone { conns, .. } => Queues::new(1, conns.len(), 0),

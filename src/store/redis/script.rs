@@ -68,6 +68,8 @@ pub struct Limiter {
     name: String,
     /// `FUNCTION LOAD`'s argument.
     library: String,
+    /// The body as a script (`SCRIPT LOAD`'s argument), and its hash.
+    code: String,
     script: redis::Script,
     /// The server refused Functions once: scripts from then on.
     scripts_only: AtomicBool,
@@ -75,18 +77,39 @@ pub struct Limiter {
     loading: tokio::sync::Mutex<()>,
 }
 
+/// The line of the prelude that says whether fixed windows read the string form too (see
+/// `RedisOptions::read_string_windows`); the library that does differs from the one that does
+/// not in it alone, so each has its own name.
+const READ_STRING_WINDOWS: (&str, &str) = (
+    "local read_string_windows = false",
+    "local read_string_windows = true",
+);
+
 impl Default for Limiter {
     fn default() -> Self {
-        let script = redis::Script::new(LIMITER_SCRIPT);
+        Self::new(false)
+    }
+}
+
+impl Limiter {
+    /// The limiter, reading fixed windows' string form too when `read_string_windows`.
+    pub fn new(read_string_windows: bool) -> Self {
+        let body = if read_string_windows {
+            body!().replacen(READ_STRING_WINDOWS.0, READ_STRING_WINDOWS.1, 1)
+        } else {
+            body!().to_owned()
+        };
+        let code = format!("{body}\nreturn batches(KEYS, ARGV)\n");
+        let script = redis::Script::new(&code);
         let name = format!("sluice_{}", &script.get_hash()[..16]);
         let library = format!(
-            "#!lua name={name}\n{}\nredis.register_function{{function_name = '{name}', \
-             callback = batches, flags = {{ 'allow-cross-slot-keys' }}}}\n",
-            body!()
+            "#!lua name={name}\n{body}\nredis.register_function{{function_name = '{name}', \
+             callback = batches, flags = {{ 'allow-cross-slot-keys' }}}}\n"
         );
         Self {
             name,
             library,
+            code,
             script,
             scripts_only: AtomicBool::new(false),
             loading: tokio::sync::Mutex::new(()),
@@ -142,7 +165,7 @@ impl Limiter {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let _sha: String = redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(LIMITER_SCRIPT)
+                    .arg(&self.code)
                     .query_async(conn)
                     .await?;
                 evalsha.query_async(conn).await
@@ -364,6 +387,21 @@ fn is_missing_function(e: &RedisError) -> bool {
 mod tests {
     use super::*;
     use crate::limiter::Algorithm;
+
+    /// The library that reads fixed windows' string form is the other in its one line, and
+    /// has its own name, so nodes of either kind load and call their own.
+    #[test]
+    fn reading_the_string_form_is_its_own_library() {
+        assert_eq!(LIMITER_SCRIPT.matches(READ_STRING_WINDOWS.0).count(), 1);
+        let (plain, strings) = (Limiter::new(false), Limiter::new(true));
+        assert_eq!(plain.code, LIMITER_SCRIPT);
+        assert_eq!(
+            strings.code,
+            LIMITER_SCRIPT.replacen(READ_STRING_WINDOWS.0, READ_STRING_WINDOWS.1, 1)
+        );
+        assert_ne!(plain.name, strings.name);
+        assert!(strings.library.contains(&strings.name));
+    }
 
     /// Step 2 of the limiter's checklist: a Lua file not in `body!` never reaches Redis.
     #[test]

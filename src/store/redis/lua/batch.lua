@@ -299,10 +299,11 @@ local function batches(keys, argv)
   -- m: the values replied so far (the time and every group before).
   local b, k, m = 1, 0, 1
   local pcall_redis = redis.pcall
-  -- Each period's window, its field and its end, made once per call: a call's groups share a
-  -- time, and mostly a few periods. The last period's, kept apart: mostly it is the next one's.
-  local fields, finishes = {}, {}
-  local w_period, w_field, w_finish = nil, nil, 0
+  -- Each period's window, its field, its start and its end, made once per call: a call's groups
+  -- share a time, and mostly a few periods. The last period's, kept apart: mostly it is the next
+  -- one's.
+  local fields, starts, finishes = {}, {}, {}
+  local w_period, w_field, w_start, w_finish = nil, nil, 0, 0
   for _ = 1, tonumber(argv[1]) do
     local n, count = nums[b], nums[b + 1]
     local at = b + 2
@@ -332,20 +333,20 @@ local function batches(keys, argv)
         break
       end
       if period ~= w_period then
-        local field, finish = fields[period], finishes[period]
+        local field, start, finish = fields[period], starts[period], finishes[period]
         if field == nil then
           -- A calendar limit's windows (a table) may not hold Redis's time: its error is the
           -- group's.
-          local fine, start
+          local fine
           fine, start, finish = pcall(window_of, now, period)
           if not fine then
             ok, e = pcall(fast_refused, now, keys, k, i, nums, at, replies, m, start)
             break
           end
           field = fixed_window_field(start)
-          fields[period], finishes[period] = field, finish
+          fields[period], starts[period], finishes[period] = field, start, finish
         end
-        w_period, w_field, w_finish = period, field, finish
+        w_period, w_field, w_start, w_finish = period, field, start, finish
       end
       local key = keys[k + i]
       local counted = pcall_redis('HINCRBY', key, w_field, hits_arg(hits))
@@ -355,10 +356,14 @@ local function batches(keys, argv)
         break
       end
       local before = counted - hits
-      -- A window's first hit stands once it has its TTL (where giving it failed, the general
-      -- path meets the same error, as the group's).
+      -- A window's first hit stands once it has its TTL, unless the string form counts the
+      -- window (where giving it or reading that failed, the general path meets the same error,
+      -- as the group's).
       local first = false
-      if before == 0 then first = pcall(fixed_window_first, key, w_finish, now) end
+      if before == 0 then
+        local fine, stands = pcall(fixed_window_first, key, w_start, w_finish, now)
+        first = fine and stands
+      end
       if not first and (before <= 0 or before > requests - hits) then
         ok, e = pcall(after_fast, now, keys, k, n, nums, at, replies, m, i, key, w_field, hits,
           before, requests, w_finish)

@@ -4,9 +4,14 @@
 -- path below), and one more command, its TTL, on the window's first hit; else an HGET and an
 -- HINCRBY, with no string to parse or format. The window is a field, not part of the key's
 -- name, because the caller names every key a script touches: Redis Cluster moves a slot key by
--- key, and routes a call by the keys it declares. (Until December 2026 a window was
--- "start_us count", a string under "<key>" itself; that form is no longer read: a rollout from
--- a build that wrote it counts its current windows afresh.)
+-- key, and routes a call by the keys it declares.
+--
+-- Before December 2026, a window was "start_us count", a string under "<key>" itself. Where the
+-- node says so (`read_string_windows`, for a rolling upgrade from such a build), a window not
+-- yet in the hash takes its count from that form (what old nodes record before the first new
+-- one's hit is kept; what they record after it is theirs alone until they go). That read is of
+-- a key the call does not declare, in the same slot; it is the one exception, and only on the
+-- first hit of a window.
 
 -- A window's field, by its start: kept, since the checks of a call (and of the calls in the
 -- same second) share a few windows. A number given to redis.call is formatted for it ('%.17g',
@@ -40,11 +45,16 @@ local function fixed_window_current(key, now, period)
   local field = fixed_window_field(start)
   local count = tonumber(redis.call('HGET', key, field))
   if count then return start, field, count, true, finish end
+  if read_string_windows then
+    local s, c = load_ints(string.sub(key, 1, -2))
+    if s == start then return start, field, c, false, finish end
+  end
   return start, field, 0, false, finish
 end
 
 -- Writes the count `to` in place of `from` (`held`: the hash holds `from`). A new window
--- replaces the hash (and its last window).
+-- replaces the hash (and its last window). A zero is kept, not deleted, where the string form
+-- holds a count: deleted, the window would read it again.
 local function fixed_window_store(key, field, now, period, from, to, held)
   if held then
     if to ~= from then redis.call('HINCRBY', key, field, to - from) end
@@ -103,10 +113,15 @@ end
 -- is the one it had. Where it still holds a window that ended within the last millisecond (a TTL
 -- is rounded up to one), that field stays beside this one until the key expires: every read is
 -- of the current window's field. No reading first: a PTTL and an HLEN cost Redis more than
--- the field they would save.
+-- the field they would save. Where the string form is read and counts this window, the
+-- addition does not stand (false): the caller takes it back and the general path decides.
 local ttl_text, ttl_text_finish, ttl_text_now = nil, nil, nil
 
-local function fixed_window_first(key, finish, now)
+local function fixed_window_first(key, start, finish, now)
+  if read_string_windows then
+    local s, c = load_ints(string.sub(key, 1, -2))
+    if s == start and c ~= 0 then return false end
+  end
   -- The calls' groups share a time and mostly a window: its TTL as text made once (a number
   -- given to redis.call is formatted for it).
   if ttl_text_finish ~= finish or ttl_text_now ~= now then
@@ -114,6 +129,7 @@ local function fixed_window_first(key, finish, now)
     ttl_text_finish, ttl_text_now = finish, now
   end
   redis.call('PEXPIRE', key, ttl_text)
+  return true
 end
 
 -- Takes back what the fast path added: the count goes back to what it was (a window's first

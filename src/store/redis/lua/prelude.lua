@@ -60,6 +60,11 @@ end
 -- TTL is rounded up to the millisecond).
 local ttl_pad_ms = 0
 
+-- Whether a fixed window also reads the form builds before December 2026 wrote (fixed_window.lua).
+-- Set at load: the library that reads it differs from the one that does not in this line alone
+-- (script.rs makes it), so each version of it has its own name.
+local read_string_windows = false
+
 -- A state kept as two or three space-separated integers in a string key ("a b" or "a b c"):
 -- the numbers, or nil when there is no state (or one this version cannot read).
 local function load_ints(key)
