@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::policy::{
-    Assigned, BLANKET_TTL_US, Carry, Fleet, Holding, Refill, Step, Treatment, Usage, refill_of,
+    Assigned, BLANKET_TTL_US, Carry, Fleet, Holding, Step, Treatment, Usage, refill_of,
 };
 use super::{AssignmentKind, CounterId, Refusal, Shared, period_end_us, ttl_seconds, wire};
 use crate::clock::MICROS_PER_SECOND;
@@ -606,16 +606,8 @@ async fn execute<S: Store>(
     actions: &mut Vec<BucketAction>,
 ) {
     let committed = bucket.holding.assigned.committed();
-    if let Step::Refill {
-        per_window,
-        until_us,
-        refill,
-    } = step
-    {
-        return execute_refill(
-            shared, domain, bucket, per_window, until_us, refill, now, counter, actions,
-        )
-        .await;
+    if let Step::Refill { .. } = step {
+        return execute_refill(shared, domain, bucket, step, now, counter, actions).await;
     }
     execute_step(shared, domain, bucket, step, now, counter, actions).await;
     let after = bucket.holding.assigned.committed();
@@ -737,18 +729,23 @@ async fn execute_step<S: Store>(
 /// first (under the ledger's lock), charges the window what the Envoy may admit in it, and
 /// sends the bucket only when its rate changed (the same bucket again renews it, and Envoy
 /// keeps its token).
-#[allow(clippy::too_many_arguments)]
 async fn execute_refill<S: Store>(
     shared: &Shared<S>,
     domain: &str,
     bucket: &mut Bucket,
-    wanted: u64,
-    until_us: u64,
-    refill: Refill,
+    step: Step,
     now: u64,
     counter: &CounterId,
     actions: &mut Vec<BucketAction>,
 ) {
+    let Step::Refill {
+        per_window: wanted,
+        until_us,
+        refill,
+    } = step
+    else {
+        return;
+    };
     let Some(ttl_s) = ttl_seconds(now, until_us) else {
         return;
     };
