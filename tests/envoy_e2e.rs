@@ -726,6 +726,9 @@ descriptors:
     rate_limits:
       - {unit: second, unit_multiplier: 30, requests_per_unit: 30}
       - {unit: hour, requests_per_unit: 50}
+  - key: route
+    value: fast
+    rate_limit: {unit: second, requests_per_unit: 20}
 "#;
 const RLQS_WINDOW_S: u64 = 30;
 const RLQS_LIMIT: u64 = 300;
@@ -852,15 +855,18 @@ static RLQS_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Three real Envoys, the i-th streaming to sluice on `grpc_ports[i]`, with demand 60/30/10
 /// of twice the limit, through two whole windows: what they admitted in each window.
 async fn rlqs_fleet(grpc_ports: [u16; 3], name: &str) -> Vec<(u64, bool)> {
-    rlqs_fleet_on(grpc_ports, name, "api", RLQS_LIMIT).await
+    rlqs_fleet_on(grpc_ports, name, "api", RLQS_LIMIT, RLQS_WINDOW_S, 3).await
 }
 
-/// [`rlqs_fleet`] on the bucket `{route: <route>}` whose tightest window allows `limit`.
+/// [`rlqs_fleet`] on the bucket `{route: <route>}` whose tightest window, of `window_s`,
+/// allows `limit`, until `windows` windows from now have begun.
 async fn rlqs_fleet_on(
     grpc_ports: [u16; 3],
     name: &str,
     route: &str,
     limit: u64,
+    window_s: u64,
+    windows: u64,
 ) -> Vec<(u64, bool)> {
     let mut envoys = Vec::new();
     for (i, rlqs) in grpc_ports.into_iter().enumerate() {
@@ -869,9 +875,9 @@ async fn rlqs_fleet_on(
         envoys.push(run_envoy_config(&config, front, admin, &format!("{name}-{i}")).await);
     }
     // Twice the limit: 20 a second over the three (for the API's 300 per 30 s).
-    let limit_rate = limit as f64 / RLQS_WINDOW_S as f64;
-    let window = RLQS_WINDOW_S * 1_000_000;
-    let until = (unix_micros() / window + 3) * window;
+    let limit_rate = limit as f64 / window_s as f64;
+    let window = window_s * 1_000_000;
+    let until = (unix_micros() / window + windows) * window;
     let loads = envoys
         .iter()
         .zip([1.2, 0.6, 0.2])
@@ -890,13 +896,13 @@ async fn rlqs_fleet_on(
     all
 }
 
-/// Per `RLQS_WINDOW_S` window the loads saw requests in (by its start, in seconds): what the
+/// Per window of `window_s` the loads saw requests in (by its start, in seconds): what the
 /// Envoys admitted in it, by when they decided.
-fn per_window(seen: &[(u64, bool)]) -> std::collections::BTreeMap<u64, u64> {
-    let window_us = RLQS_WINDOW_S * 1_000_000;
+fn per_window(seen: &[(u64, bool)], window_s: u64) -> std::collections::BTreeMap<u64, u64> {
+    let window_us = window_s * 1_000_000;
     let mut admitted = std::collections::BTreeMap::<u64, u64>::new();
     for &(at, ok) in seen {
-        *admitted.entry(at / window_us * RLQS_WINDOW_S).or_default() += u64::from(ok);
+        *admitted.entry(at / window_us * window_s).or_default() += u64::from(ok);
     }
     admitted
 }
@@ -904,7 +910,7 @@ fn per_window(seen: &[(u64, bool)]) -> std::collections::BTreeMap<u64, u64> {
 /// The fleet's admissions per window, counted by when each Envoy decided, are at most the
 /// limit, at the boundaries too; the two whole windows are mostly full.
 fn assert_rlqs_windows(seen: &[(u64, bool)], what: &str) {
-    let admitted = per_window(seen);
+    let admitted = per_window(seen, RLQS_WINDOW_S);
     eprintln!(
         "{what}: admitted per {RLQS_WINDOW_S}-second window {admitted:?} (limit {RLQS_LIMIT})"
     );
@@ -985,13 +991,13 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
     ))
     .await;
     let port = node.grpc_addr.port();
-    let seen = rlqs_fleet_on([port, port, port], "rlqs-budget", "budget", 30).await;
+    let seen = rlqs_fleet_on([port, port, port], "rlqs-budget", "budget", 30, 30, 3).await;
     let (_, metrics) = http_get(node.http_addr, "/metrics").await;
     let counter = |name: &str| metric(&metrics, name).unwrap_or(0);
     let granted = counter("sluice_rlqs_tokens_granted_total{domain=\"rlqs\"}");
     let returned = counter("sluice_rlqs_tokens_returned_total{domain=\"rlqs\"}");
     node.stop().await.unwrap();
-    let windows = per_window(&seen);
+    let windows = per_window(&seen, 30);
     let mut hours = std::collections::BTreeMap::<u64, u64>::new();
     for &(at, ok) in &seen {
         if ok {
@@ -1009,6 +1015,37 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
         assert!(*n <= 50, "hour {hour}: {n} admitted of 50");
     }
     assert!(granted >= returned);
+}
+
+/// A window shorter than Envoy's 5-s reports through real Envoys: 20 a second, three Envoys
+/// asking twice it (60/30/10) for about 15 s. Each holds one refilling token bucket (at most two
+/// tokens, refilled a little under its share a second), so counted by when each Envoy decided no
+/// second passes 20, whenever an assignment reached it; and the seconds after the Envoys' first
+/// reports (which say their demand) are mostly full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_on_a_one_second_window_hold_refilling_grants() {
+    let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
+    let node = rlqs_node(sluice::store::StoreConfig::new(
+        sluice::store::BackendConfig::Memory,
+    ))
+    .await;
+    let port = node.grpc_addr.port();
+    let seen = rlqs_fleet_on([port, port, port], "rlqs-fast", "fast", 20, 1, 16).await;
+    node.stop().await.unwrap();
+    let seconds = per_window(&seen, 1);
+    eprintln!("20 a second through real Envoys: admitted per second {seconds:?}");
+    for (second, n) in &seconds {
+        assert!(*n <= 20, "second {second}: {n} admitted of 20");
+    }
+    // The last 6 whole seconds (the first ~8 hold the Envoys' start and first reports; the last
+    // is partial).
+    let late: Vec<u64> = seconds.values().rev().skip(1).take(6).copied().collect();
+    let total: u64 = late.iter().sum();
+    assert!(
+        total * 100 >= 6 * 20 * 75,
+        "only {total} of {} in the seconds after the reports: {seconds:?}",
+        6 * 20
+    );
 }
 
 const CONCURRENCY_RULES: &str = r#"

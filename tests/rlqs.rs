@@ -561,9 +561,9 @@ async fn fleet_of_three(
 
 /// The sizes an operator moving from RLS would try, three Envoys at twice the limit: a minute's
 /// window never over and at least nine tenths full; a second's never over and at least 85 %
-/// full over 20 s (a window shorter than the reports gets refilling grants, see `policy::Refill`,
-/// each Envoy's share weighed as the whole limit until its first 5-second report says its
-/// demand); at 85 % of a limit, at most 0.5 % denied. Counted by when each Envoy decided, with
+/// full over 20 s (a window shorter than the reports gets refilling grants, see `policy::Refill`;
+/// the Envoys split the limit evenly until their first 5-second reports say their demand); at
+/// 85 % of a limit, at most 0.5 % denied. Counted by when each Envoy decided, with
 /// answers 30 ms on their way, so each window's first requests still meet the grants before.
 #[tokio::test]
 async fn the_usual_sizes_admit_at_most_the_limit_and_nine_tenths_of_it() {

@@ -161,6 +161,8 @@ type CounterId = (String, Vec<(String, String)>);
 struct LedgerEntry {
     holders: u32,
     demand: f64,
+    /// The holders' share weights (`Holding::share_weight`), for refilling grants.
+    weight: f64,
     /// What the counter had left after the last grant from it, and for which period.
     remaining: Option<(u64, u64)>,
     /// What this node's Envoys hold unspent of the period's grants, and for which period.
@@ -193,6 +195,7 @@ impl Ledger {
             e.lingering.retain(|&(_, until)| until > now_us);
         }
         counters.get(id).map_or_else(Fleet::default, |e| Fleet {
+            weight: e.weight,
             committed: e
                 .lingering
                 .iter()
@@ -213,20 +216,23 @@ impl Ledger {
         self.counters().entry(id.clone()).or_default().holders += 1;
     }
 
-    fn leave(&self, id: &CounterId, demand: f64) {
+    fn leave(&self, id: &CounterId, demand: f64, weight: f64) {
         let mut counters = self.counters();
         if let Some(e) = counters.get_mut(id) {
             e.holders = e.holders.saturating_sub(1);
             e.demand = (e.demand - demand).max(0.0);
+            e.weight = (e.weight - weight).max(0.0);
             if e.holders == 0 && e.lingering.is_empty() {
                 counters.remove(id);
             }
         }
     }
 
-    fn demand_changed(&self, id: &CounterId, before: f64, after: f64) {
+    /// One Envoy's demand and share weight went from `before` to `after`.
+    fn demand_changed(&self, id: &CounterId, before: (f64, f64), after: (f64, f64)) {
         if let Some(e) = self.counters().get_mut(id) {
-            e.demand = (e.demand - before + after).max(0.0);
+            e.demand = (e.demand - before.0 + after.0).max(0.0);
+            e.weight = (e.weight - before.1 + after.1).max(0.0);
         }
     }
 

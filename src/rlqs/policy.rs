@@ -244,6 +244,8 @@ pub struct Fleet {
     /// What this node's refilling grants of the counter commit a window, this Envoy's included
     /// (see [`Refill`]).
     pub committed: u64,
+    /// Every Envoy's [`Holding::share_weight`] for the bucket on this node, this one's included.
+    pub weight: f64,
 }
 
 /// Tokens a grant may still spend after the windows it was charged to ended (the period that
@@ -485,10 +487,23 @@ impl Holding {
         }
     }
 
+    /// How much of a refilling limit (`rate` a second) the Envoy's share weighs: its demand, or
+    /// until a report over time says it, the whole rate (its first report, one request, would
+    /// make it a sliver, and it waits up to 5 s for the next). Every Envoy not yet measured weighs
+    /// the same, so the first to come does not keep the limit from the others until then.
+    pub fn share_weight(&self, rate: f64) -> f64 {
+        if self.measured {
+            self.demand
+        } else {
+            self.demand.max(rate)
+        }
+    }
+
     /// What a refilling grant may admit a window: the Envoy's demand over a window and a
     /// quarter more (so one under its share is not denied by how its requests fall), or the
     /// window's whole limit until a report over time says its demand; at most its share by
-    /// demand of the limit, and what the node's other refilling grants leave of it.
+    /// weight (see [`Holding::share_weight`]) of the limit, and what the node's other refilling
+    /// grants leave of it.
     pub fn refill_rate(&self, refill: Refill, fleet: Fleet) -> u64 {
         let window_s = refill.window_s as f64;
         let wanted = if self.measured {
@@ -496,17 +511,8 @@ impl Holding {
         } else {
             refill.limit as f64
         };
-        // Until a report over time says its demand, an Envoy's share is weighed as if it asked
-        // the whole limit: its first report (one request) would make it a sliver, and it waits
-        // up to 5 s for the next.
-        let rate = refill.limit as f64 / window_s;
-        let weight = if self.measured {
-            self.demand
-        } else {
-            self.demand.max(rate)
-        };
-        let others = (fleet.demand - self.demand).max(0.0);
-        let share = refill.limit as f64 * weight / (others + weight).max(f64::MIN_POSITIVE);
+        let weight = self.share_weight(refill.limit as f64 / window_s);
+        let share = refill.limit as f64 * weight / fleet.weight.max(weight).max(f64::MIN_POSITIVE);
         let committed = fleet.committed.saturating_sub(self.assigned.committed());
         let room = refill.limit.saturating_sub(committed);
         // `as` saturates a float (and maps NaN to 0).

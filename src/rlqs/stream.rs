@@ -184,6 +184,8 @@ struct Bucket {
     charged: Vec<u64>,
     /// The same for ended grants still settling: the earliest per check.
     settling: Vec<u64>,
+    /// Its share weight as the node's ledger has it (`Holding::share_weight`).
+    weight: f64,
 }
 
 /// One Envoy's stream without its transport: what it reported and holds, and the steps that
@@ -267,6 +269,7 @@ impl<S: Store> Session<S> {
                         holding: Holding::default(),
                         charged: Vec::new(),
                         settling: Vec::new(),
+                        weight: 0.0,
                     })
                 }
             };
@@ -291,9 +294,13 @@ impl<S: Store> Session<S> {
                 fleet,
                 shared.options.idle_reports_to_abandon,
             );
-            shared
-                .ledger
-                .demand_changed(&counter, before, bucket.holding.demand);
+            let weight = weight_of(&bucket.holding, treatment);
+            shared.ledger.demand_changed(
+                &counter,
+                (before, bucket.weight),
+                (bucket.holding.demand, weight),
+            );
+            bucket.weight = weight;
             give_back(&shared, &domain, bucket).await;
             if step == Step::Abandon {
                 held.after(&shared, &counter, &Holding::default());
@@ -421,7 +428,9 @@ impl<S: Store> Session<S> {
                 ),
                 _ => {}
             }
-            self.shared.ledger.leave(counter, bucket.holding.demand);
+            self.shared
+                .ledger
+                .leave(counter, bucket.holding.demand, bucket.weight);
             self.shared.ledger.buckets.fetch_sub(1, Ordering::Relaxed);
             self.observe(|o| o.buckets(-1));
         }
@@ -571,6 +580,18 @@ async fn give_back<S: Store>(shared: &Shared<S>, domain: &str, bucket: &mut Buck
     // Settled: the windows are of no grant still waiting.
     if !bucket.holding.settling() {
         bucket.settling.clear();
+    }
+}
+
+/// How much the Envoy's share weighs under `treatment`: by `Holding::share_weight` for a
+/// refilling rule, else its demand.
+fn weight_of(holding: &Holding, treatment: Treatment) -> f64 {
+    match treatment {
+        Treatment::Limited {
+            refill: Some(refill),
+            ..
+        } => holding.share_weight(refill.limit as f64 / refill.window_s.max(1) as f64),
+        _ => holding.demand,
     }
 }
 

@@ -171,6 +171,7 @@ fn a_spent_grant_is_granted_again_and_a_lasting_one_is_left_alone() {
         remaining: Some(100),
         held: 50,
         committed: 0,
+        weight: 0.0,
     };
     h.on_report(report(50, 0, 5), now, limited(), scarce, 0);
     assert_eq!(h.on_tick(now + 4 * S, limited(), scarce), Step::Nothing);
@@ -185,6 +186,7 @@ fn when_little_is_left_a_grant_is_renewed_only_once_nearly_spent() {
         remaining: Some(300),
         held: 0,
         committed: 0,
+        weight: 0.0,
     };
     let mut h = holding_tokens(100, 10, now);
     assert_eq!(
@@ -216,6 +218,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
         remaining: Some(90),
         held: 0,
         committed: 0,
+        weight: 0.0,
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, fleet), 30);
     assert_eq!(h.want(now, MINUTE_END, 20.0, Fleet::default()), 200);
@@ -225,6 +228,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
         remaining: Some(0),
         held: 0,
         committed: 0,
+        weight: 0.0,
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, empty), 1);
 }
@@ -341,7 +345,7 @@ proptest! {
         h.on_report(report(allowed, denied, elapsed_s), now, Treatment::Allow, Fleet::default(), 0);
         prop_assert!(h.demand.is_finite() && h.demand >= 0.0);
         let end = now.saturating_add(left_us);
-        let fleet = Fleet { demand: fleet_demand, remaining, held: 0, committed: 0 };
+        let fleet = Fleet { demand: fleet_demand, remaining, held: 0, committed: 0, weight: 0.0 };
         let want = h.want(now, end, rate, fleet);
         prop_assert!((1..=MAX_GRANT).contains(&want));
         if let Some(r) = remaining.filter(|r| *r > 0) {
@@ -470,6 +474,7 @@ fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
         remaining: Some(10),
         held: 0,
         committed: 0,
+        weight: 0.0,
     };
     assert!(matches!(
         h.on_report(report(5, 0, 5), now, limited(), short, 0),
@@ -623,12 +628,13 @@ fn a_refilling_grant_charges_its_window_what_the_envoy_may_admit_in_it() {
         },
         start,
     );
-    // Another Envoy's grants commit 40 a window: at the next window's start the rate falls to
-    // 60, and that window is charged the old rate (the new one reaches the Envoy some time
-    // into it).
+    // Another Envoy, not measured either, weighs as much, and its grant commits 40 a window: at
+    // the next window's start the rate falls to its half, 50, and that window is charged the
+    // old rate (the new one reaches the Envoy some time into it).
     let fleet = Fleet {
         demand: 2.0,
         committed: 140,
+        weight: 200.0,
         ..Fleet::default()
     };
     let next = refilling(1, 100, MINUTE_END + S);
@@ -636,17 +642,30 @@ fn a_refilling_grant_charges_its_window_what_the_envoy_may_admit_in_it() {
     let Step::Refill { per_window, .. } = step else {
         panic!("{step:?}");
     };
-    // Its demand not yet measured, its share is weighed as the whole limit: what the room
-    // leaves.
-    assert_eq!(per_window, 60);
+    assert_eq!(per_window, 50);
     assert_eq!(
-        h.refill_charge(60, MINUTE_END + 5_000, MINUTE_END + S, 1),
+        h.refill_charge(50, MINUTE_END + 5_000, MINUTE_END + S, 1),
         100
+    );
+    // Alone, its share would be the whole limit, and the room (60) what it gets.
+    let alone = Fleet {
+        weight: 100.0,
+        ..fleet
+    };
+    assert_eq!(
+        h.refill_rate(
+            Refill {
+                window_s: 1,
+                limit: 100
+            },
+            alone
+        ),
+        60
     );
     // Within the window a report changes nothing.
     h.assign(
         Assigned::Refill {
-            per_window: 60,
+            per_window: 50,
             charged: 100,
             until_us: MINUTE_END + S,
             expires_us: MINUTE_END + 2 * S,
@@ -663,6 +682,7 @@ fn a_refilling_grant_charges_its_window_what_the_envoy_may_admit_in_it() {
     let fleet = Fleet {
         demand: 120.0,
         committed: 100,
+        weight: 120.0,
         ..Fleet::default()
     };
     assert_eq!(
