@@ -862,16 +862,11 @@ async fn execute_refill<S: Store>(
 
 /// Charges what an ended grant may still spend (see `Holding::carry`) to the windows that
 /// followed the ended ones, as much as they have left, and moves where its settling gives back
-/// to them (nowhere when they could not take it all: what is proven unspent then may be what
-/// they did not take).
-async fn carry_over<S: Store>(
-    shared: &Shared<S>,
-    bucket: &mut Bucket,
-    carry: Carry,
-    now: u64,
-) -> bool {
+/// to them (nowhere when they could not take it all, or the backend's clock still had the
+/// ended windows: what is proven unspent then may be what they did not take).
+async fn carry_over<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, carry: Carry, now: u64) {
     let Some(descriptor) = &bucket.resolved.0 else {
-        return true;
+        return;
     };
     let old = descriptor.window_ends(carry.ended_us.saturating_sub(1));
     let new = descriptor.window_ends(now);
@@ -881,7 +876,7 @@ async fn carry_over<S: Store>(
         .map(|(o, n)| *o != 0 && o != n)
         .collect();
     if !ended.contains(&true) {
-        return true;
+        return;
     }
     let mut hits = carry.tokens;
     let mut whole = false;
@@ -889,7 +884,8 @@ async fn carry_over<S: Store>(
         match shared.engine.apply_hits_on(descriptor, hits, &ended).await {
             Ok(applied) if applied.decided_by != DecidedBy::Counters => break,
             Ok(applied) if applied.allowed => {
-                whole = hits == carry.tokens;
+                let at = applied.decided_at_us.unwrap_or(now);
+                whole = hits == carry.tokens && descriptor.window_ends(at) == new;
                 break;
             }
             Ok(applied) if applied.remaining == 0 || hits <= 1 => break,
@@ -909,7 +905,6 @@ async fn carry_over<S: Store>(
             }
         }
     }
-    whole
 }
 
 fn allow_all(
