@@ -39,10 +39,11 @@ pub enum Treatment {
 /// A window shorter than Envoy's report interval ends several times between two reports, so
 /// reports cannot say what an ended grant left unspent in time to give it back, and a grant of
 /// its own for each window would leave the next window charged with all of the last one (see
-/// [`Holding::carry`]). Such a bucket gets one token bucket that refills: it holds at most one
-/// token and gains a little under `per_window` a window (`wire::refilling`), so in any window,
-/// whenever its assignment reached it, the Envoy admits at most `per_window` (a token at the
-/// start, and less than `per_window − 1 + 1` gained). The boundary needs no new bucket: each
+/// [`Holding::carry`]). Such a bucket gets one token bucket that refills: it holds at most two
+/// tokens and gains a little under `per_window − 1` a window (`wire::refilling`), so in any
+/// window, whenever its assignment reached it, the Envoy admits at most `per_window` (what it
+/// held at the window's start and what it gained stay under `per_window + 1`). The boundary
+/// needs no new bucket: each
 /// window's tick charges that much to the window (and to the longer tiers) and renews the
 /// assignment. The node's refilling grants of a counter commit at most the window's limit
 /// together (`Fleet::committed`), so every window's charges fit.
