@@ -110,17 +110,25 @@ pub fn explain_buckets(
             Enforcement::Shadow => {
                 "ALLOW_ALL; what the Envoy reports it admitted is counted (shadow mode)".to_owned()
             }
-            Enforcement::Limited => {
-                let windowed = resolved.limits().iter().all(|l| l.algorithm.windowed());
-                format!(
-                    "token buckets drawn from the limits above, {}",
-                    if windowed {
-                        "each lasting to the end of the first window to end"
-                    } else {
-                        "each lasting to the end of the current second (an algorithm here is not a window)"
-                    }
-                )
-            }
+            Enforcement::Limited => match crate::rlqs::refill_of(resolved.limits()) {
+                Some(refill) => format!(
+                    "one refilling token bucket per Envoy, at most its share of the {} a {}-second \
+                     window, charged to the limits above window by window (a window shorter than \
+                     Envoy's 5-second reports)",
+                    refill.limit, refill.window_s
+                ),
+                None => {
+                    let windowed = resolved.limits().iter().all(|l| l.algorithm.windowed());
+                    format!(
+                        "token buckets drawn from the limits above, {}",
+                        if windowed {
+                            "each lasting to the end of the first window to end"
+                        } else {
+                            "each lasting to the end of the current second (an algorithm here is not a window)"
+                        }
+                    )
+                }
+            },
         };
         let _ = writeln!(out, "  assignment: {assignment}");
     }
@@ -301,6 +309,35 @@ mod tests {
             explain(&rules, "other", &[], "s:").starts_with("domain 'other' is not configured")
         );
         assert!(parse_descriptor("novalue").is_err());
+    }
+
+    #[test]
+    fn a_buckets_assignment_says_how_it_is_granted() {
+        let rules = load_texts([(
+            "q.yaml",
+            "domain: q\ndescriptors:\n  - key: fast\n    rate_limit: {unit: second, requests_per_unit: 20}\n  - key: slow\n    rate_limit: {unit: minute, requests_per_unit: 600}\n",
+        )])
+        .unwrap();
+        let assignment = |entry: &str| {
+            let parsed = vec![parse_descriptor(entry).unwrap()];
+            let text = explain_buckets(&rules, "q", &parsed, "s:");
+            text.lines()
+                .find_map(|l| l.strip_prefix("  assignment: "))
+                .unwrap_or_else(|| panic!("no assignment: {text}"))
+                .to_owned()
+        };
+        assert!(
+            assignment("fast=a").starts_with(
+                "one refilling token bucket per Envoy, at most its share of the 20 a 1-second window"
+            ),
+            "{}",
+            assignment("fast=a")
+        );
+        assert!(
+            assignment("slow=a").starts_with("token buckets drawn from the limits above, each lasting to the end of the first window to end"),
+            "{}",
+            assignment("slow=a")
+        );
     }
 
     #[test]

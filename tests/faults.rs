@@ -462,7 +462,11 @@ async fn cluster_master_killed_and_its_replica_promoted() {
 fn replicated_then_stopped(port: u16) {
     common::redis::redis_cli(port, &["CLIENT", "PAUSE", "5000", "WRITE"]);
     let acked = common::redis::redis_cli(port, &["WAIT", "1", "5000"]);
-    assert_eq!(acked.trim(), "1", "the replica acknowledged the master's writes");
+    assert_eq!(
+        acked.trim(),
+        "1",
+        "the replica acknowledged the master's writes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
