@@ -119,10 +119,16 @@ impl<S: Store> Fallback<S> {
             return;
         }
         let mut now = None;
-        for (c, v) in checks.iter().zip(&outcome.verdicts) {
+        for (i, (c, v)) in checks.iter().zip(&outcome.verdicts).enumerate() {
             if self.mode_of(c) == FailureMode::Local {
-                let now = *now.get_or_insert_with(|| self.local.now());
-                self.last_seen.learn(c, v.remaining, now);
+                // The backend's time names the window it decided in, and saves a clock read a
+                // call; a node's clock a little off then reads the view as another window's
+                // near a boundary, which is no view at all (the whole share), as a stale one is.
+                let at = match outcome.backend_now_us.get(i) {
+                    Some(&t) if t != 0 => t,
+                    _ => *now.get_or_insert_with(|| self.local.now()),
+                };
+                self.last_seen.learn(c, v.remaining, at);
             }
         }
     }
