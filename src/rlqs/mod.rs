@@ -174,6 +174,17 @@ struct LedgerEntry {
     lingering: Vec<(u64, u64)>,
 }
 
+impl LedgerEntry {
+    /// What this node's refilling grants commit at `now_us`, those of ended streams whose
+    /// assignments still live included (the others are forgotten).
+    fn committed_at(&mut self, now_us: u64) -> u64 {
+        self.lingering.retain(|&(_, until)| until > now_us);
+        self.lingering
+            .iter()
+            .fold(self.committed, |sum, &(c, _)| sum.saturating_add(c))
+    }
+}
+
 /// What this node's streams know together: how many buckets they hold, and per counter every
 /// Envoy's demand and what was left at the last grant (so shares follow demand).
 #[derive(Debug, Default)]
@@ -191,15 +202,9 @@ impl Ledger {
 
     fn fleet(&self, id: &CounterId, period_end_us: u64, now_us: u64) -> Fleet {
         let mut counters = self.counters();
-        if let Some(e) = counters.get_mut(id) {
-            e.lingering.retain(|&(_, until)| until > now_us);
-        }
-        counters.get(id).map_or_else(Fleet::default, |e| Fleet {
+        counters.get_mut(id).map_or_else(Fleet::default, |e| Fleet {
             weight: e.weight,
-            committed: e
-                .lingering
-                .iter()
-                .fold(e.committed, |sum, &(c, _)| sum.saturating_add(c)),
+            committed: e.committed_at(now_us),
             demand: e.demand,
             remaining: e
                 .remaining
@@ -257,13 +262,7 @@ impl Ledger {
         let Some(e) = counters.get_mut(id) else {
             return 0;
         };
-        e.lingering.retain(|&(_, until)| until > now_us);
-        let others = e
-            .lingering
-            .iter()
-            .fold(e.committed.saturating_sub(before), |sum, &(c, _)| {
-                sum.saturating_add(c)
-            });
+        let others = e.committed_at(now_us).saturating_sub(before);
         let after = wanted
             .min(limit.saturating_sub(others))
             .max(before.min(wanted));

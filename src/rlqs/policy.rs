@@ -43,16 +43,22 @@ pub enum Treatment {
 /// tokens and gains a little under `per_window − 1` a window (`wire::refilling`), so in any
 /// window, whenever its assignment reached it, the Envoy admits at most `per_window` (what it
 /// held at the window's start and what it gained stay under `per_window + 1`). The boundary
-/// needs no new bucket: each
-/// window's tick charges that much to the window (and to the longer tiers) and renews the
-/// assignment. The node's refilling grants of a counter commit at most the window's limit
-/// together (`Fleet::committed`), so every window's charges fit.
+/// needs no new bucket: each window's tick charges that much to the window (and to the longer
+/// tiers) and renews the assignment. The node's refilling grants of a counter commit at most
+/// the window's limit together (`Fleet::committed`), so every window's charges fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refill {
     /// The shortest window, in whole seconds, under the report interval.
     pub window_s: u64,
     /// That window's limit.
     pub limit: u64,
+}
+
+impl Refill {
+    /// The window's limit a second.
+    pub fn rate(self) -> f64 {
+        self.limit as f64 / self.window_s.max(1) as f64
+    }
 }
 
 /// Whether `limits` are served refilling grants: all are windows, the shortest is a whole
@@ -155,8 +161,9 @@ pub enum Assigned {
 }
 
 impl Assigned {
-    /// What the counters were charged for the window the assignment belongs to.
-    fn charged(&self) -> Option<u64> {
+    /// What the counters were charged for the window the assignment belongs to (None: it is no
+    /// grant).
+    pub fn charged(&self) -> Option<u64> {
         match *self {
             Assigned::Tokens { size, .. } => Some(size),
             Assigned::Refill { charged, .. } => Some(charged),
@@ -409,8 +416,9 @@ impl Holding {
     /// **Nothing late.** Envoy spends a grant until its replacement reaches it, which is after
     /// the window it was charged to ended, so tokens charged to one window may be admitted in
     /// the next. What may be: the tokens of the grant the Envoy holds that its reports from
-    /// before the window ended have not shown spent, and of grants replaced less than [`DELIVERY_BOUND_US`] before the window
-    /// ended (which may not have reached it by then) those not yet settled. The stream charges
+    /// before the window ended have not shown spent, and of grants replaced less than
+    /// [`DELIVERY_BOUND_US`] before the window ended (which may not have reached it by then)
+    /// those not yet settled. The stream charges
     /// them to the windows that follow the ended ones before it draws the new grant; the reports
     /// that settle the ended grant give back what they prove unspent there as well (see
     /// [`Holding::take_returned`]), since every request the ended grant admitted late is in
@@ -488,15 +496,15 @@ impl Holding {
         }
     }
 
-    /// How much of a refilling limit (`rate` a second) the Envoy's share weighs: its demand, or
-    /// until a report over time says it, the whole rate (its first report, one request, would
-    /// make it a sliver, and it waits up to 5 s for the next). Every Envoy not yet measured weighs
-    /// the same, so the first to come does not keep the limit from the others until then.
-    pub fn share_weight(&self, rate: f64) -> f64 {
+    /// How much of a refilling limit the Envoy's share weighs: its demand, or until a report
+    /// over time says it, the limit's whole rate (its first report, one request, would make it a
+    /// sliver, and it waits up to 5 s for the next). Every Envoy not yet measured weighs the
+    /// same, so the first to come does not keep the limit from the others until then.
+    pub fn share_weight(&self, refill: Refill) -> f64 {
         if self.measured {
             self.demand
         } else {
-            self.demand.max(rate)
+            self.demand.max(refill.rate())
         }
     }
 
@@ -506,13 +514,12 @@ impl Holding {
     /// weight (see [`Holding::share_weight`]) of the limit, and what the node's other refilling
     /// grants leave of it.
     pub fn refill_rate(&self, refill: Refill, fleet: Fleet) -> u64 {
-        let window_s = refill.window_s as f64;
         let wanted = if self.measured {
-            (self.demand * window_s * 1.25).ceil() + 1.0
+            (self.demand * refill.window_s as f64 * 1.25).ceil() + 1.0
         } else {
             refill.limit as f64
         };
-        let weight = self.share_weight(refill.limit as f64 / window_s);
+        let weight = self.share_weight(refill);
         let share = refill.limit as f64 * weight / fleet.weight.max(weight).max(f64::MIN_POSITIVE);
         let committed = fleet.committed.saturating_sub(self.assigned.committed());
         let room = refill.limit.saturating_sub(committed);
@@ -599,12 +606,14 @@ impl Holding {
     /// as its reports tell.
     pub fn unspent(&self, period_end_us: u64) -> u64 {
         match self.assigned {
-            Assigned::Tokens { size, until_us, .. } if until_us == period_end_us => {
-                size.saturating_sub(self.used)
+            Assigned::Tokens { until_us, .. } | Assigned::Refill { until_us, .. }
+                if until_us == period_end_us =>
+            {
+                self.assigned
+                    .charged()
+                    .unwrap_or(0)
+                    .saturating_sub(self.used)
             }
-            Assigned::Refill {
-                charged, until_us, ..
-            } if until_us == period_end_us => charged.saturating_sub(self.used),
             _ => 0,
         }
     }
@@ -735,10 +744,11 @@ impl Holding {
 
     /// Tokens of ended grants the reports proved unspent since last asked: the stream gives them
     /// back to every limit whose window is still the one they were charged to. **The bound**: a
-    /// grant's tokens not shown spent are its size less every request allowed in each report
-    /// from its start, less those of the report after its end. A grant replaced between reports
-    /// (by a tick) waits for a report that left the Envoy after the replacement reached it: one
-    /// that arrives [`DELIVERY_BOUND_US`] after the replacement was sent, else the one after.
+    /// grant's tokens not shown spent are its size less the requests its reports showed, less
+    /// those of the reports after its end that [`Holding::settle`] takes from it. It settles with
+    /// the first report that surely left the Envoy after its replacement reached it: the next
+    /// one when it was replaced in answer to a report, else one that arrives
+    /// [`DELIVERY_BOUND_US`] after the replacement was sent.
     pub fn take_returned(&mut self) -> u64 {
         std::mem::take(&mut self.returned)
     }

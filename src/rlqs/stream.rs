@@ -284,7 +284,7 @@ impl<S: Store> Session<S> {
                 // so later grants leave room for it.
                 charge(&shared, &bucket.resolved, usage.allowed).await;
             }
-            let fleet = fleet_of(&shared, &counter, treatment);
+            let fleet = fleet_of(&shared, &counter, treatment, now);
             let before = bucket.holding.demand;
             let held = Held::before(&bucket.holding, treatment);
             let step = bucket.holding.on_report(
@@ -309,7 +309,13 @@ impl<S: Store> Session<S> {
                 abandoned.push(counter);
                 continue;
             }
-            execute(&shared, &domain, bucket, step, now, &counter, &mut actions).await;
+            let turn = Turn {
+                shared: &shared,
+                domain: &domain,
+                counter: &counter,
+                now,
+            };
+            execute(turn, bucket, step, &mut actions).await;
             held.after(&shared, &counter, &bucket.holding);
         }
         for counter in abandoned {
@@ -449,10 +455,16 @@ impl<S: Store> Session<S> {
         for (counter, bucket) in &mut self.buckets {
             refresh(shared, bucket, &rules, domain);
             let treatment = bucket.resolved.treatment(now);
-            let fleet = fleet_of(shared, counter, treatment);
+            let fleet = fleet_of(shared, counter, treatment, now);
             let held = Held::before(&bucket.holding, treatment);
             let step = bucket.holding.on_tick(now, treatment, fleet);
-            execute(shared, domain, bucket, step, now, counter, &mut actions).await;
+            let turn = Turn {
+                shared,
+                domain,
+                counter,
+                now,
+            };
+            execute(turn, bucket, step, &mut actions).await;
             held.after(shared, counter, &bucket.holding);
         }
         actions
@@ -540,10 +552,7 @@ fn refresh<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, rules: &Arc<RuleSe
 
 /// The grant the Envoy holds is about to be replaced: its windows join the settling ones.
 fn end_grant(bucket: &mut Bucket) {
-    if !matches!(
-        bucket.holding.assigned,
-        Assigned::Tokens { .. } | Assigned::Refill { .. }
-    ) {
+    if bucket.holding.assigned.charged().is_none() {
         return;
     }
     let charged = std::mem::take(&mut bucket.charged);
@@ -590,17 +599,20 @@ fn weight_of(holding: &Holding, treatment: Treatment) -> f64 {
         Treatment::Limited {
             refill: Some(refill),
             ..
-        } => holding.share_weight(refill.limit as f64 / refill.window_s.max(1) as f64),
+        } => holding.share_weight(refill),
         _ => holding.demand,
     }
 }
 
-fn fleet_of<S: Store>(shared: &Shared<S>, counter: &CounterId, treatment: Treatment) -> Fleet {
+fn fleet_of<S: Store>(
+    shared: &Shared<S>,
+    counter: &CounterId,
+    treatment: Treatment,
+    now: u64,
+) -> Fleet {
     match treatment {
         Treatment::Limited { period_end_us, .. } => {
-            shared
-                .ledger
-                .fleet(counter, period_end_us, shared.clock.now_micros())
+            shared.ledger.fleet(counter, period_end_us, now)
         }
         _ => Fleet::default(),
     }
@@ -616,26 +628,42 @@ async fn charge<S: Store>(shared: &Shared<S>, resolved: &Resolved, hits: u64) {
     }
 }
 
-/// Runs one step for a bucket, adding what to send to `actions`.
+/// What one bucket's step runs against: the node's shared state, the stream's domain, the
+/// bucket's counter in the node's ledger, and the time.
+struct Turn<'a, S> {
+    shared: &'a Shared<S>,
+    domain: &'a str,
+    counter: &'a CounterId,
+    now: u64,
+}
+
+impl<S> Clone for Turn<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Turn<'_, S> {}
+
+/// Runs one step for a bucket, adding what to send to `actions`. A refilling grant keeps the
+/// node's commitments itself (it takes their room before it charges); any other step that
+/// ends one gives its room back here.
 async fn execute<S: Store>(
-    shared: &Shared<S>,
-    domain: &str,
+    turn: Turn<'_, S>,
     bucket: &mut Bucket,
     step: Step,
-    now: u64,
-    counter: &CounterId,
     actions: &mut Vec<BucketAction>,
 ) {
-    let committed = bucket.holding.assigned.committed();
     if let Step::Refill { .. } = step {
-        return execute_refill(shared, domain, bucket, step, now, counter, actions).await;
+        return execute_refill(turn, bucket, step, actions).await;
     }
-    execute_step(shared, domain, bucket, step, now, counter, actions).await;
+    let committed = bucket.holding.assigned.committed();
+    execute_step(turn, bucket, step, actions).await;
     let after = bucket.holding.assigned.committed();
     if after != committed {
-        shared
+        turn.shared
             .ledger
-            .commit(counter, committed, after, u64::MAX, now);
+            .commit(turn.counter, committed, after, u64::MAX, turn.now);
     }
 }
 
@@ -647,14 +675,17 @@ fn observe<S: Store>(shared: &Shared<S>, kind: AssignmentKind) {
 
 /// Runs one step but a refilling grant's.
 async fn execute_step<S: Store>(
-    shared: &Shared<S>,
-    domain: &str,
+    turn: Turn<'_, S>,
     bucket: &mut Bucket,
     step: Step,
-    now: u64,
-    counter: &CounterId,
     actions: &mut Vec<BucketAction>,
 ) {
+    let Turn {
+        shared,
+        domain,
+        now,
+        ..
+    } = turn;
     let observe = |kind| observe(shared, kind);
     match step {
         Step::Nothing | Step::Abandon | Step::Refill { .. } => {}
@@ -683,13 +714,13 @@ async fn execute_step<S: Store>(
             carry,
         } => {
             if let Some(carry) = carry {
-                carry_over(shared, bucket, carry, now).await;
+                carry_over(turn, bucket, carry).await;
             }
             // Under a second left: the tick at the window's end grants the next one.
             let Some(ttl_s) = ttl_seconds(now, until_us) else {
                 return;
             };
-            let granted = grant(shared, domain, bucket, want, until_us, counter).await;
+            let granted = grant(turn, bucket, want, until_us).await;
             if !matches!(granted, Granted::Unanswered | Granted::PolicyAllow) {
                 end_grant(bucket);
             }
@@ -751,14 +782,17 @@ async fn execute_step<S: Store>(
 /// sends the bucket only when its rate changed (the same bucket again renews it, and Envoy
 /// keeps its token).
 async fn execute_refill<S: Store>(
-    shared: &Shared<S>,
-    domain: &str,
+    turn: Turn<'_, S>,
     bucket: &mut Bucket,
     step: Step,
-    now: u64,
-    counter: &CounterId,
     actions: &mut Vec<BucketAction>,
 ) {
+    let Turn {
+        shared,
+        domain,
+        counter,
+        now,
+    } = turn;
     let Step::Refill {
         per_window: wanted,
         until_us,
@@ -781,7 +815,7 @@ async fn execute_refill<S: Store>(
     let granted = if charge == 0 {
         Granted::Nothing
     } else {
-        grant(shared, domain, bucket, charge, until_us, counter).await
+        grant(turn, bucket, charge, until_us).await
     };
     if !matches!(granted, Granted::Unanswered | Granted::PolicyAllow) {
         end_grant(bucket);
@@ -864,7 +898,8 @@ async fn execute_refill<S: Store>(
 /// followed the ended ones, as much as they have left, and moves where its settling gives back
 /// to them (nowhere when they could not take it all, or the backend's clock still had the
 /// ended windows: what is proven unspent then may be what they did not take).
-async fn carry_over<S: Store>(shared: &Shared<S>, bucket: &mut Bucket, carry: Carry, now: u64) {
+async fn carry_over<S: Store>(turn: Turn<'_, S>, bucket: &mut Bucket, carry: Carry) {
+    let Turn { shared, now, .. } = turn;
     let Some(descriptor) = &bucket.resolved.0 else {
         return;
     };
@@ -947,14 +982,13 @@ enum Granted {
 
 /// Draws up to `want` tokens from the bucket's counters: all of them if they fit, else what
 /// the tightest limit has left (asked again, since another node may take it meanwhile).
-async fn grant<S: Store>(
-    shared: &Shared<S>,
-    domain: &str,
-    bucket: &Bucket,
-    want: u64,
-    until_us: u64,
-    counter: &CounterId,
-) -> Granted {
+async fn grant<S: Store>(turn: Turn<'_, S>, bucket: &Bucket, want: u64, until_us: u64) -> Granted {
+    let Turn {
+        shared,
+        domain,
+        counter,
+        ..
+    } = turn;
     let Some(descriptor) = &bucket.resolved.0 else {
         return Granted::PolicyAllow;
     };
