@@ -783,6 +783,14 @@ async fn rlqs_node(store: sluice::store::StoreConfig) -> sluice::server::Running
     .expect("sluice starts")
 }
 
+/// [`rlqs_node`] on the memory store.
+async fn rlqs_memory_node() -> sluice::server::Running {
+    rlqs_node(sluice::store::StoreConfig::new(
+        sluice::store::BackendConfig::Memory,
+    ))
+    .await
+}
+
 fn unix_micros() -> u64 {
     use sluice::clock::Clock;
     sluice::clock::SystemClock.now_micros()
@@ -940,10 +948,7 @@ fn assert_rlqs_windows(seen: &[(u64, bool)], what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_rlqs_admit_at_most_the_limit() {
     let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
-    let node = rlqs_node(sluice::store::StoreConfig::new(
-        sluice::store::BackendConfig::Memory,
-    ))
-    .await;
+    let node = rlqs_memory_node().await;
     let port = node.grpc_addr.port();
     let seen = rlqs_fleet([port, port, port], "rlqs-memory").await;
     let (_, metrics) = http_get(node.http_addr, "/metrics").await;
@@ -986,10 +991,7 @@ async fn three_envoys_on_rlqs_with_two_sluice_nodes_sharing_redis_admit_at_most_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() {
     let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
-    let node = rlqs_node(sluice::store::StoreConfig::new(
-        sluice::store::BackendConfig::Memory,
-    ))
-    .await;
+    let node = rlqs_memory_node().await;
     let port = node.grpc_addr.port();
     let seen = rlqs_fleet_on([port, port, port], "rlqs-budget", "budget", 30, 30, 3).await;
     let (_, metrics) = http_get(node.http_addr, "/metrics").await;
@@ -998,12 +1000,7 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
     let returned = counter("sluice_rlqs_tokens_returned_total{domain=\"rlqs\"}");
     node.stop().await.unwrap();
     let windows = per_window(&seen, 30);
-    let mut hours = std::collections::BTreeMap::<u64, u64>::new();
-    for &(at, ok) in &seen {
-        if ok {
-            *hours.entry(at / 3_600_000_000).or_default() += 1;
-        }
-    }
+    let hours = per_window(&seen, 3_600);
     eprintln!(
         "two tiers through real Envoys: admitted per 30-s window {windows:?}, per hour \
          {hours:?}; granted {granted}, given back {returned}"
@@ -1025,10 +1022,7 @@ async fn three_envoys_on_a_two_tier_budget_get_back_what_grants_did_not_spend() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_a_one_second_window_hold_refilling_grants() {
     let _one_fleet_at_a_time = RLQS_FLEET.lock().await;
-    let node = rlqs_node(sluice::store::StoreConfig::new(
-        sluice::store::BackendConfig::Memory,
-    ))
-    .await;
+    let node = rlqs_memory_node().await;
     let port = node.grpc_addr.port();
     let seen = rlqs_fleet_on([port, port, port], "rlqs-fast", "fast", 20, 1, 16).await;
     node.stop().await.unwrap();

@@ -170,8 +170,7 @@ fn a_spent_grant_is_granted_again_and_a_lasting_one_is_left_alone() {
         demand: 10.0,
         remaining: Some(100),
         held: 50,
-        committed: 0,
-        weight: 0.0,
+        ..Fleet::default()
     };
     h.on_report(report(50, 0, 5), now, limited(), scarce, 0);
     assert_eq!(h.on_tick(now + 4 * S, limited(), scarce), Step::Nothing);
@@ -184,9 +183,7 @@ fn when_little_is_left_a_grant_is_renewed_only_once_nearly_spent() {
     let scarce = Fleet {
         demand: 10.0,
         remaining: Some(300),
-        held: 0,
-        committed: 0,
-        weight: 0.0,
+        ..Fleet::default()
     };
     let mut h = holding_tokens(100, 10, now);
     assert_eq!(
@@ -216,9 +213,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
     let fleet = Fleet {
         demand: 60.0,
         remaining: Some(90),
-        held: 0,
-        committed: 0,
-        weight: 0.0,
+        ..Fleet::default()
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, fleet), 30);
     assert_eq!(h.want(now, MINUTE_END, 20.0, Fleet::default()), 200);
@@ -226,9 +221,7 @@ fn a_grant_is_the_envoys_share_of_what_is_left_by_demand() {
     let empty = Fleet {
         demand: 60.0,
         remaining: Some(0),
-        held: 0,
-        committed: 0,
-        weight: 0.0,
+        ..Fleet::default()
     };
     assert_eq!(h.want(now, MINUTE_END, 20.0, empty), 1);
 }
@@ -254,11 +247,7 @@ fn the_window_end_brings_a_new_grant_and_renewals_stop_at_it() {
         Step::Nothing
     );
     // The next window: a new grant at once.
-    let next = Treatment::Limited {
-        period_end_us: MINUTE_END + 60 * S,
-        rate: 20.0,
-        refill: None,
-    };
+    let next = limited_next();
     assert_eq!(
         h.on_tick(MINUTE_END + 5_000, next, Fleet::default()),
         Step::Grant {
@@ -277,11 +266,7 @@ fn the_window_end_brings_a_new_grant_and_renewals_stop_at_it() {
 fn the_report_after_a_grant_between_reports_counts_only_what_came_after_it() {
     let now = MINUTE_END + 5_000;
     let mut h = holding_tokens(100, 10, MINUTE_END - 2 * S);
-    let next = Treatment::Limited {
-        period_end_us: MINUTE_END + 60 * S,
-        rate: 20.0,
-        refill: None,
-    };
+    let next = limited_next();
     assert!(matches!(
         h.on_tick(now, next, Fleet::default()),
         Step::Grant { .. }
@@ -345,7 +330,7 @@ proptest! {
         h.on_report(report(allowed, denied, elapsed_s), now, Treatment::Allow, Fleet::default(), 0);
         prop_assert!(h.demand.is_finite() && h.demand >= 0.0);
         let end = now.saturating_add(left_us);
-        let fleet = Fleet { demand: fleet_demand, remaining, held: 0, committed: 0, weight: 0.0 };
+        let fleet = Fleet { demand: fleet_demand, remaining, ..Fleet::default() };
         let want = h.want(now, end, rate, fleet);
         prop_assert!((1..=MAX_GRANT).contains(&want));
         if let Some(r) = remaining.filter(|r| *r > 0) {
@@ -472,9 +457,7 @@ fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
     let short = Fleet {
         demand: 50.0,
         remaining: Some(10),
-        held: 0,
-        committed: 0,
-        weight: 0.0,
+        ..Fleet::default()
     };
     assert!(matches!(
         h.on_report(report(5, 0, 5), now, limited(), short, 0),
@@ -486,15 +469,6 @@ fn short_of_room_a_grant_its_envoy_will_not_spend_is_replaced_by_one_it_will() {
         h.on_report(report(5, 0, 5), now, limited(), Fleet::default(), 0),
         Step::Nothing
     );
-}
-
-/// The next minute, as a treatment.
-fn next_minute() -> Treatment {
-    Treatment::Limited {
-        period_end_us: MINUTE_END + 60 * S,
-        rate: 20.0,
-        refill: None,
-    }
 }
 
 #[test]
@@ -519,7 +493,7 @@ fn what_an_ended_grant_may_still_spend_is_carried_and_a_report_after_the_end_doe
     let step = h.on_report(
         report(5, 0, 5),
         MINUTE_END + 2_000,
-        next_minute(),
+        limited_next(),
         Fleet::default(),
         0,
     );
