@@ -166,16 +166,25 @@ impl SimEnvoy {
             .report(reports)
             .await
             .expect("reports accepted");
-        if std::env::var("SIM_DEBUG").is_ok() && now > START + 60 * S && now < START + 80 * S {
-            eprintln!(
-                "{} report -> {:?} adm {} den {}",
-                (now - START) / 1000,
-                dbg_kinds(&actions),
-                self.admitted,
-                self.denied
-            );
-        }
         self.inbox.push((now + DELIVERY, actions));
+    }
+
+    /// One request for its bucket at `now`: admitted ones counted in `tally`'s window, and a new
+    /// bucket's report sent.
+    async fn request(&mut self, now: u64, tally: &mut Tally) {
+        let bucket = self.bucket.clone();
+        let (admitted, report) = self.envoy.request(&bucket, now);
+        if admitted {
+            self.admitted += 1;
+            let window = now / (tally.window_s * S) * tally.window_s;
+            *tally.admitted.entry(window).or_default() += 1;
+        } else {
+            self.denied += 1;
+            self.denied_unanswered += u64::from(!self.answered);
+        }
+        if let Some(report) = report {
+            self.send(report, now).await;
+        }
     }
 
     /// Applies what has reached the Envoy by `now`, in the order it was sent.
@@ -225,19 +234,6 @@ async fn run_until(clock: &ManualClock, envoys: &mut [SimEnvoy], end: u64, tally
         if now % S == 10 * MS {
             for e in envoys.iter_mut() {
                 let actions = e.session.tick().await;
-                if std::env::var("SIM_DEBUG").is_ok()
-                    && now > START + 60 * S
-                    && now < START + 80 * S
-                    && !actions.is_empty()
-                {
-                    eprintln!(
-                        "{} tick -> {:?} adm {} den {}",
-                        (now - START) / 1000,
-                        dbg_kinds(&actions),
-                        e.admitted,
-                        e.denied
-                    );
-                }
                 e.inbox.push((now + DELIVERY, actions));
             }
         }
@@ -252,19 +248,7 @@ async fn run_until(clock: &ManualClock, envoys: &mut [SimEnvoy], end: u64, tally
             e.carry += e.rate * step as f64 / S as f64;
             while e.carry >= 1.0 {
                 e.carry -= 1.0;
-                let bucket = e.bucket.clone();
-                let (admitted, report) = e.envoy.request(&bucket, now);
-                if admitted {
-                    e.admitted += 1;
-                    let window = now / (tally.window_s * S) * tally.window_s;
-                    *tally.admitted.entry(window).or_default() += 1;
-                } else {
-                    e.denied += 1;
-                    e.denied_unanswered += u64::from(!e.answered);
-                }
-                if let Some(report) = report {
-                    e.send(report, now).await;
-                }
+                e.request(now, tally).await;
             }
         }
         clock.advance(step);
@@ -467,16 +451,7 @@ impl SimEnvoy {
         let now = clock.now_micros();
         self.receive(now);
         for _ in 0..n {
-            let bucket = self.bucket.clone();
-            let (admitted, report) = self.envoy.request(&bucket, now);
-            if admitted {
-                self.admitted += 1;
-                let window = now / (tally.window_s * S) * tally.window_s;
-                *tally.admitted.entry(window).or_default() += 1;
-            }
-            if let Some(report) = report {
-                self.send(report, now).await;
-            }
+            self.request(now, tally).await;
         }
     }
 }
@@ -996,30 +971,4 @@ async fn idle_buckets_are_abandoned_and_leave_the_node() {
         1,
         "the abandoned bucket left the node"
     );
-}
-
-fn dbg_kinds(actions: &[sluice::proto::rlqs::BucketAction]) -> Vec<String> {
-    actions
-        .iter()
-        .map(|a| match a.bucket_action.as_ref().unwrap() {
-            bucket_action::BucketAction::QuotaAssignmentAction(q) => match q
-                .rate_limit_strategy
-                .as_ref()
-                .unwrap()
-                .strategy
-                .as_ref()
-                .unwrap()
-            {
-                rate_limit_strategy::Strategy::TokenBucket(tb) => format!(
-                    "tb{}/{}/{}s ttl{}",
-                    tb.max_tokens,
-                    tb.tokens_per_fill.unwrap_or(0),
-                    tb.fill_interval.unwrap().seconds,
-                    q.assignment_time_to_live.unwrap().seconds
-                ),
-                other => format!("{other:?}"),
-            },
-            _ => "abandon".into(),
-        })
-        .collect()
 }
