@@ -85,12 +85,6 @@ const READ_STRING_WINDOWS: (&str, &str) = (
     "local read_string_windows = true",
 );
 
-impl Default for Limiter {
-    fn default() -> Self {
-        Self::new(false)
-    }
-}
-
 impl Limiter {
     /// The limiter, reading fixed windows' string form too when `read_string_windows`.
     pub fn new(read_string_windows: bool) -> Self {
