@@ -20,7 +20,16 @@
 //! once (the second leaving as soon as its requests came) made sluice sleep and wake two to
 //! three times as often and both processes run colder, 9–28 % more CPU a decision at the same
 //! calls per FCALL (BENCHMARKS.md); what a request may wait instead is the rest of one round
-//! trip. A group whose caller gave up (its timeout) before it left is dropped unsent.
+//! trip. A group whose caller gave up before it left is dropped unsent.
+//!
+//! Each group carries its deadline (the request's `--redis-timeout`), and the batcher keeps it:
+//! a group whose deadline passed while it queued is answered `Timeout` unsent, and a call is
+//! given up at its earliest group's deadline, each of its groups then answered `Timeout`. One
+//! timer a call, where a timer per request cost each decision ~500 instructions of its ~51 000
+//! (registering it, polling it, taking it down: `scripts/instructions redis`). A group can time
+//! out a little before its own deadline, by at most how much earlier the call's first group
+//! queued: at most one call's time, since a call leaves with the groups that queued while the
+//! call before it was out.
 //!
 //! As tower's `Buffer::pair`, [`Batcher::pair`] hands the worker back to its caller, which runs
 //! it (the store spawns it on first use: a store can be made outside a runtime).
@@ -33,13 +42,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::script::{Group, GroupAnswer};
 
 /// Why a call failed, for every group it carried (so it clones).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallFailure {
-    /// The client's own response timeout.
+    /// The client's own response timeout, or the group's deadline passed before its call
+    /// came back.
     Timeout,
     /// Anything else, its message with any password hidden.
     Failed(String),
@@ -62,6 +73,8 @@ pub type Worker = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Pending {
     group: Group,
     answer: oneshot::Sender<GroupOutcome>,
+    /// Answered `Timeout` at this instant at the latest.
+    deadline: Instant,
 }
 
 /// The handle: submits a group and waits for its answer.
@@ -92,12 +105,17 @@ impl Batcher {
         (Self { queue, waiting }, Box::pin(worker))
     }
 
-    /// `group`'s answer, from the first call it can leave in.
-    pub async fn call(&self, group: Group) -> GroupOutcome {
+    /// `group`'s answer, from the first call it can leave in, or `Timeout` by `deadline`.
+    pub async fn call(&self, group: Group, deadline: Instant) -> GroupOutcome {
         let (answer, answered) = oneshot::channel();
         // Counted before it is sent, so the worker never takes one it has not counted.
         let before = self.waiting.count.fetch_add(1, Ordering::Relaxed);
-        if self.queue.send(Pending { group, answer }).is_err() {
+        let pending = Pending {
+            group,
+            answer,
+            deadline,
+        };
+        if self.queue.send(pending).is_err() {
             self.waiting.count.fetch_sub(1, Ordering::Relaxed);
             return Err(CallFailure::Stopped);
         }
@@ -178,16 +196,28 @@ async fn run(
                 Err(_) => break,
             }
         }
-        // Callers that gave up are not sent for.
+        // Callers that gave up are not sent for, nor groups whose time is up.
+        let now = Instant::now();
         batch.retain(|p| !p.answer.is_closed());
-        if batch.is_empty() {
-            continue;
+        if batch.iter().any(|p| p.deadline <= now) {
+            let (late, on_time): (Vec<_>, Vec<_>) =
+                batch.into_iter().partition(|p| p.deadline <= now);
+            for p in late {
+                let _ = p.answer.send(Err(CallFailure::Timeout));
+            }
+            batch = on_time;
         }
+        let Some(deadline) = batch.iter().map(|p| p.deadline).min() else {
+            continue;
+        };
         let (groups, answers): (Vec<Group>, Vec<_>) =
             batch.into_iter().map(|p| (p.group, p.answer)).unzip();
-        let call = send(groups);
+        let call = tokio::time::timeout_at(deadline, send(groups));
         out.push(async move {
-            let mut outcomes = call.await.into_iter();
+            let mut outcomes = match call.await {
+                Ok(outcomes) => outcomes.into_iter(),
+                Err(_) => vec![Err(CallFailure::Timeout); answers.len()].into_iter(),
+            };
             for answer in answers {
                 let outcome = outcomes
                     .next()
@@ -246,7 +276,12 @@ mod tests {
 
     fn spawn_call(batcher: &Arc<Batcher>, group: Group) -> tokio::task::JoinHandle<GroupOutcome> {
         let batcher = batcher.clone();
-        tokio::spawn(async move { batcher.call(group).await })
+        tokio::spawn(async move { batcher.call(group, far()).await })
+    }
+
+    /// A deadline no test reaches.
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(3600)
     }
 
     /// Queues `groups` before the worker runs, then runs it and lets every call answer: each
@@ -338,7 +373,10 @@ mod tests {
         });
         let (batcher, worker) = Batcher::pair(send, 2, 64);
         tokio::spawn(worker);
-        assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Timeout));
+        assert_eq!(
+            batcher.call(group(1), far()).await,
+            Err(CallFailure::Timeout)
+        );
 
         let (send, calls, release) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
@@ -360,7 +398,10 @@ mod tests {
         let (send, _, _) = recording();
         let (batcher, worker) = Batcher::pair(send, 1, 64);
         drop(worker);
-        assert_eq!(batcher.call(group(1)).await, Err(CallFailure::Stopped));
+        assert_eq!(
+            batcher.call(group(1), far()).await,
+            Err(CallFailure::Stopped)
+        );
     }
 
     #[tokio::test]
@@ -428,5 +469,43 @@ mod tests {
         }
         let sizes: Vec<usize> = calls.lock().unwrap().iter().map(Vec::len).collect();
         assert_eq!(sizes, [4, 4, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_out_past_its_groups_deadline_answers_them_timeout() {
+        let (send, calls, _release) = recording();
+        let (batcher, worker) = Batcher::pair(send, 1, 64);
+        tokio::spawn(worker);
+        let start = Instant::now();
+        let deadline = start + std::time::Duration::from_millis(50);
+        // The call never comes back: its group is answered at its deadline, not later.
+        assert_eq!(
+            batcher.call(group(1), deadline).await,
+            Err(CallFailure::Timeout)
+        );
+        assert_eq!(Instant::now(), deadline);
+        assert_eq!(*calls.lock().unwrap(), [vec![1]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_group_whose_deadline_passed_in_the_queue_is_not_sent() {
+        let (batcher, calls, release) = running_one_at_a_time();
+        let first = spawn_call(&batcher, group(1));
+        while calls.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let deadline = Instant::now() + std::time::Duration::from_millis(20);
+        let queued = {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { batcher.call(group(2), deadline).await })
+        };
+        let fresh = spawn_call(&batcher, group(3));
+        // The first call comes back after the queued group's deadline.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        release.add_permits(2);
+        assert_eq!(first.await.unwrap(), Ok(Ok((0, vec![1]))));
+        assert_eq!(queued.await.unwrap(), Err(CallFailure::Timeout));
+        assert_eq!(fresh.await.unwrap(), Ok(Ok((0, vec![3]))));
+        assert_eq!(*calls.lock().unwrap(), [vec![1], vec![3]], "2 is not sent");
     }
 }

@@ -136,30 +136,27 @@ impl RedisStore {
             keys,
             now,
             args: Vec::with_capacity(8 * indices.len()),
-            trace,
+            trace: trace.map(Box::new),
         };
         for &i in indices {
             push_check(&mut group.args, &checks[i], node_now_us);
         }
-        let call = async {
-            let answer = self.lanes.call(slot, group).await;
-            match answer {
-                Ok(Ok(reply)) => Ok(group_reply(reply, checks, indices)),
-                // The group's own error (its neighbours in the call were answered).
-                Ok(Err(text)) => Err(StoreError::unavailable(RedisFailure(text))),
-                Err(CallFailure::Timeout) => Err(StoreError::Timeout(self.timeout)),
-                Err(CallFailure::Failed(text)) => Err(StoreError::unavailable(RedisFailure(text))),
-                Err(CallFailure::Stopped) => Err(StoreError::unavailable(RedisFailure(
-                    "the Redis batcher stopped (its runtime shut down)".into(),
-                ))),
-            }
-        };
-        match tokio::time::timeout(self.timeout, call)
+        // The batcher answers by the deadline (one timer a call, not one a request).
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match self
+            .lanes
+            .call(slot, group, deadline)
             .instrument(span)
             .await
         {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Ok(Ok(reply)) => Ok(group_reply(reply, checks, indices)),
+            // The group's own error (its neighbours in the call were answered).
+            Ok(Err(text)) => Err(StoreError::unavailable(RedisFailure(text))),
+            Err(CallFailure::Timeout) => Err(StoreError::Timeout(self.timeout)),
+            Err(CallFailure::Failed(text)) => Err(StoreError::unavailable(RedisFailure(text))),
+            Err(CallFailure::Stopped) => Err(StoreError::unavailable(RedisFailure(
+                "the Redis batcher stopped (its runtime shut down)".into(),
+            ))),
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use arc_swap::ArcSwapOption;
@@ -108,13 +109,13 @@ impl Lanes {
     }
 
     /// A group of `slot` in the next call of its lane: its master's where the cluster's
-    /// masters are known, else its slot's.
-    pub(super) async fn call(&self, slot: u16, group: Group) -> GroupOutcome {
+    /// masters are known, else its slot's; `Timeout` by `deadline` (both tries in all).
+    pub(super) async fn call(&self, slot: u16, group: Group, deadline: Instant) -> GroupOutcome {
         match self.lane(slot) {
-            lane @ Lane::Slot(_) => self.batcher(lane).call(group).await,
+            lane @ Lane::Slot(_) => self.batcher(lane).call(group, deadline).await,
             lane @ Lane::Master(_) => {
                 let again = group.clone();
-                let answer = self.batcher(lane).call(group).await;
+                let answer = self.batcher(lane).call(group, deadline).await;
                 // The master did not serve its slot, or the call to it failed (the map may
                 // be stale, a master gone): by its slot, whose calls follow the cluster's
                 // redirections, and the map is read again.
@@ -125,7 +126,7 @@ impl Lanes {
                 };
                 if goes_again {
                     self.pool.forget_masters();
-                    self.batcher(Lane::Slot(slot)).call(again).await
+                    self.batcher(Lane::Slot(slot)).call(again, deadline).await
                 } else {
                     answer
                 }
@@ -546,7 +547,10 @@ fn batcher_of(
     let (pool, limiter) = (pool.clone(), limiter.clone());
     let send: batcher::SendCall = Box::new(move |groups: Vec<Group>| {
         let (pool, limiter) = (pool.clone(), limiter.clone());
-        let span = crate::trace::redis_call(groups.iter().map(|g| g.trace.clone()), groups.len());
+        let span = crate::trace::redis_call(
+            groups.iter().map(|g| g.trace.as_deref().cloned()),
+            groups.len(),
+        );
         Box::pin(async move { pool.invoke_all(&limiter, &groups, lane).await }.instrument(span))
     });
     Batcher::pair(send, in_flight, MAX_GROUPS_PER_CALL)
