@@ -161,6 +161,17 @@ impl RedisStore {
     }
 }
 
+/// 0, 1, 2, ...: a request's checks in order, the members of its one group without a Vec.
+const IN_ORDER: [usize; 32] = {
+    let mut all = [0; 32];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = i;
+        i += 1;
+    }
+    all
+};
+
 impl Store for RedisStore {
     async fn apply(&self, checks: &[Check<'_>]) -> Result<Outcome, StoreError> {
         let now = self.pinned.as_ref().map(|c| c.now_micros());
@@ -171,11 +182,41 @@ impl Store for RedisStore {
             0
         };
         // Standalone: one group for everything. Cluster: one per slot. Each with its keys.
+        let by_slot = self.lanes.by_slot();
+        let mut keys = Vec::with_capacity(checks.len());
+        let mut slots = Vec::new();
+        for check in checks {
+            let (key, slot) = self.redis_key(check);
+            keys.push(key);
+            if by_slot {
+                slots.push(slot);
+            }
+        }
+        if slots.windows(2).all(|w| w[0] == w[1]) {
+            // One group (standalone, or one slot): all or nothing in one script, so nothing to
+            // give back when it denies, and its verdicts are the request's, in order.
+            let slot = slots.first().copied().unwrap_or(0);
+            let owned: Vec<usize>;
+            let members = match IN_ORDER.get(..checks.len()) {
+                Some(members) => members,
+                None => {
+                    owned = (0..checks.len()).collect();
+                    &owned
+                }
+            };
+            let reply = self
+                .run_group(slot, keys, checks, members, now, node_now_us)
+                .await?;
+            return Ok(Outcome {
+                allowed: reply.allowed,
+                backend_now_us: vec![reply.now_us; checks.len()],
+                verdicts: reply.verdicts,
+                decided_by: DecidedBy::Counters,
+            });
+        }
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         let mut group_keys: Vec<Vec<Vec<u8>>> = Vec::new();
-        for (i, check) in checks.iter().enumerate() {
-            let (key, slot) = self.redis_key(check);
-            let slot = if self.lanes.by_slot() { slot } else { 0 };
+        for (i, (key, slot)) in keys.into_iter().zip(slots).enumerate() {
             match groups.iter().position(|(s, _)| *s == slot) {
                 Some(g) => {
                     groups[g].1.push(i);
@@ -187,22 +228,12 @@ impl Store for RedisStore {
                 }
             }
         }
-        let results = if groups.len() == 1 {
-            // Standalone, or one slot: the one group, without join_all's bookkeeping.
-            let (slot, members) = &groups[0];
-            let keys = group_keys.pop().unwrap_or_default();
-            vec![
+        let results = futures_util::future::join_all(groups.iter().zip(group_keys).map(
+            |((slot, members), keys)| {
                 self.run_group(*slot, keys, checks, members, now, node_now_us)
-                    .await,
-            ]
-        } else {
-            futures_util::future::join_all(groups.iter().zip(group_keys).map(
-                |((slot, members), keys)| {
-                    self.run_group(*slot, keys, checks, members, now, node_now_us)
-                },
-            ))
-            .await
-        };
+            },
+        ))
+        .await;
 
         let mut verdicts = vec![Verdict::default(); checks.len()];
         let mut backend_now_us = vec![0; checks.len()];

@@ -339,17 +339,16 @@ fn packed_answers(packed: &[u8], groups: &[Group]) -> RedisResult<Vec<GroupAnswe
         .next()
         .flatten()
         .ok_or_else(|| unexpected("a time that is not an integer".into()))?;
-    groups
-        .iter()
-        .map(|g| {
-            let verdicts = numbers
-                .by_ref()
-                .take(4 * g.keys.len())
-                .collect::<Option<Vec<i64>>>()
-                .ok_or_else(|| unexpected("a verdict that is not an integer".into()))?;
-            Ok(Ok((now, verdicts)))
-        })
-        .collect()
+    let mut answers = Vec::with_capacity(groups.len());
+    for g in groups {
+        // Sized up front: collected through an Option, the vector grew from nothing.
+        let mut verdicts = Vec::with_capacity(4 * g.keys.len());
+        for n in numbers.by_ref().take(4 * g.keys.len()) {
+            verdicts.push(n.ok_or_else(|| unexpected("a verdict that is not an integer".into()))?);
+        }
+        answers.push(Ok((now, verdicts)));
+    }
+    Ok(answers)
 }
 
 fn unexpected(what: String) -> RedisError {
