@@ -25,7 +25,7 @@
 //! Each group carries its deadline (the request's `--redis-timeout`), and the batcher keeps it:
 //! a group whose deadline passed while it queued is answered `Timeout` unsent, and a call is
 //! given up at its earliest group's deadline, each of its groups then answered `Timeout`. One
-//! timer a call, where a timer per request cost each decision ~500 instructions of its ~51 000
+//! timer a call, where a timer per request cost each decision ~670 instructions of its ~51 000
 //! (registering it, polling it, taking it down: `scripts/instructions redis`). A group can time
 //! out a little before its own deadline, by at most how much earlier the call's first group
 //! queued: at most one call's time, since a call leaves with the groups that queued while the
