@@ -192,9 +192,10 @@ impl Store for RedisStore {
                 slots.push(slot);
             }
         }
-        if slots.windows(2).all(|w| w[0] == w[1]) {
+        if !checks.is_empty() && slots.windows(2).all(|w| w[0] == w[1]) {
             // One group (standalone, or one slot): all or nothing in one script, so nothing to
-            // give back when it denies, and its verdicts are the request's, in order.
+            // give back when it denies, and its verdicts are the request's, in order. (No
+            // checks: no call, below.)
             let slot = slots.first().copied().unwrap_or(0);
             let owned: Vec<usize>;
             let members = match IN_ORDER.get(..checks.len()) {
