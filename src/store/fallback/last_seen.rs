@@ -20,16 +20,12 @@
 //! each other's view; with hashes keyed by this process's random keys that takes, for ten
 //! million counters, odds of about 10^-25.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::limiter::Limit;
 use crate::store::Check;
-
-/// Shards of the table: threads learning different counters do not queue on one lock.
-const SHARDS: usize = 64;
+use crate::store::sharded::{Guard, SHARDS, Sharded};
 
 /// One counter as last seen.
 #[derive(Debug, Clone, Copy)]
@@ -76,10 +72,10 @@ impl Hasher for AsHashed {
     }
 }
 
-type Shard = HashMap<Fingerprint, Seen, BuildHasherDefault<AsHashed>>;
+type ByFingerprint = BuildHasherDefault<AsHashed>;
 
 pub struct LastSeen {
-    shards: Box<[Mutex<Shard>]>,
+    entries: Sharded<Seen, Fingerprint, ByFingerprint>,
     /// The two keys of a fingerprint's hashes, random per process.
     keys: (RandomState, RandomState),
     max_per_shard: usize,
@@ -88,7 +84,7 @@ pub struct LastSeen {
 impl LastSeen {
     pub fn new(max_entries: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            entries: Sharded::new(),
             keys: (RandomState::new(), RandomState::new()),
             max_per_shard: max_entries.div_ceil(SHARDS).max(1),
         }
@@ -101,14 +97,9 @@ impl LastSeen {
         }
     }
 
-    /// The shard of `f`, locked. Every write is one insert, remove or field update, so a shard
-    /// whose lock a panic poisoned is still consistent.
-    fn shard(&self, f: &Fingerprint) -> MutexGuard<'_, Shard> {
-        self.lock((f.shard_hash % SHARDS as u64) as usize)
-    }
-
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
-        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, f: &Fingerprint) -> Guard<'_, Seen, Fingerprint, ByFingerprint> {
+        self.entries
+            .lock_shard((f.shard_hash % SHARDS as u64) as usize)
     }
 
     /// The backend answered `c`'s counter with `remaining` at `now_us` (this node's clock). On
@@ -147,13 +138,12 @@ impl LastSeen {
 
     /// Forgets the counters whose window has ended.
     pub fn sweep(&self, now_us: u64) {
-        for shard in 0..SHARDS {
-            self.lock(shard).retain(|_, s| now_us < s.window_end_us);
-        }
+        self.entries
+            .for_each_shard(|m| m.retain(|_, s| now_us < s.window_end_us));
     }
 
     pub fn len(&self) -> usize {
-        (0..SHARDS).map(|shard| self.lock(shard).len()).sum()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
