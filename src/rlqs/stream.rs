@@ -727,12 +727,7 @@ async fn execute_step<S: Store>(
             match granted {
                 Granted::Tokens(size, at_us) => {
                     actions.extend(wire::fresh_tokens(&bucket.id, ttl_s, size));
-                    bucket.charged = bucket
-                        .resolved
-                        .0
-                        .as_ref()
-                        .map(|d| d.window_ends(at_us.unwrap_or(now)))
-                        .unwrap_or_default();
+                    charged_at(bucket, at_us.unwrap_or(now));
                     bucket.holding.assign(
                         Assigned::Tokens {
                             size,
@@ -747,28 +742,9 @@ async fn execute_step<S: Store>(
                     }
                     observe(AssignmentKind::TokenBucket);
                 }
-                Granted::Nothing => {
-                    actions.push(wire::deny_all(&bucket.id, ttl_s));
-                    bucket.holding.assign(
-                        Assigned::DenyAll {
-                            until_us,
-                            expires_us: now + ttl_s * MICROS_PER_SECOND,
-                        },
-                        now,
-                    );
-                    observe(AssignmentKind::DenyAll);
-                }
-                Granted::PolicyDeny => {
-                    let ttl_s = ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND);
-                    actions.push(wire::deny_all(&bucket.id, ttl_s));
-                    bucket.holding.assign(
-                        Assigned::DenyAll {
-                            until_us,
-                            expires_us: now + ttl_s * MICROS_PER_SECOND,
-                        },
-                        now,
-                    );
-                    observe(AssignmentKind::DenyAll);
+                Granted::Nothing | Granted::PolicyDeny => {
+                    let ttl_s = granted.deny_ttl(ttl_s);
+                    deny_all(bucket, until_us, ttl_s, now, actions, observe);
                 }
                 Granted::PolicyAllow => allow_all(bucket, now, actions, observe),
                 Granted::Unanswered => {}
@@ -837,12 +813,7 @@ async fn execute_refill<S: Store>(
                 per_window,
                 refill.window_s,
             ));
-            bucket.charged = bucket
-                .resolved
-                .0
-                .as_ref()
-                .map(|d| d.window_ends(at_us.unwrap_or(now)))
-                .unwrap_or_default();
+            charged_at(bucket, at_us.unwrap_or(now));
             bucket.holding.assign(
                 Assigned::Refill {
                     per_window,
@@ -867,20 +838,10 @@ async fn execute_refill<S: Store>(
             per_window
         }
         Granted::Nothing | Granted::PolicyDeny => {
-            let ttl_s = if matches!(granted, Granted::PolicyDeny) {
-                ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND)
-            } else {
-                ttl_s
-            };
-            actions.push(wire::deny_all(&bucket.id, ttl_s));
-            bucket.holding.assign(
-                Assigned::DenyAll {
-                    until_us,
-                    expires_us: now + ttl_s * MICROS_PER_SECOND,
-                },
-                now,
-            );
-            observe(shared, AssignmentKind::DenyAll);
+            let ttl_s = granted.deny_ttl(ttl_s);
+            deny_all(bucket, until_us, ttl_s, now, actions, |kind| {
+                observe(shared, kind)
+            });
             0
         }
         Granted::PolicyAllow => {
@@ -942,6 +903,37 @@ async fn carry_over<S: Store>(turn: Turn<'_, S>, bucket: &mut Bucket, carry: Car
     }
 }
 
+/// The bucket's grant was charged when the backend's clock said `at_us`: to those windows.
+fn charged_at(bucket: &mut Bucket, at_us: u64) {
+    bucket.charged = bucket
+        .resolved
+        .0
+        .as_ref()
+        .map(|d| d.window_ends(at_us))
+        .unwrap_or_default();
+}
+
+/// Tells the Envoy to deny for `ttl_s`, the assignment belonging to the period that ends at
+/// `until_us`.
+fn deny_all(
+    bucket: &mut Bucket,
+    until_us: u64,
+    ttl_s: u64,
+    now: u64,
+    actions: &mut Vec<BucketAction>,
+    observe: impl Fn(AssignmentKind),
+) {
+    actions.push(wire::deny_all(&bucket.id, ttl_s));
+    bucket.holding.assign(
+        Assigned::DenyAll {
+            until_us,
+            expires_us: now + ttl_s * MICROS_PER_SECOND,
+        },
+        now,
+    );
+    observe(AssignmentKind::DenyAll);
+}
+
 fn allow_all(
     bucket: &mut Bucket,
     now: u64,
@@ -978,6 +970,17 @@ enum Granted {
     /// No answer (the `error` policy, a full memory store): the Envoy keeps what it has, then
     /// its own fallback.
     Unanswered,
+}
+
+impl Granted {
+    /// How long a denial for this answer lasts, where the grant would have lasted `ttl_s`: a
+    /// failure policy's only a blanket assignment's time (the backend may be back by then).
+    fn deny_ttl(&self, ttl_s: u64) -> u64 {
+        match self {
+            Granted::PolicyDeny => ttl_s.min(BLANKET_TTL_US / MICROS_PER_SECOND),
+            _ => ttl_s,
+        }
+    }
 }
 
 /// Draws up to `want` tokens from the bucket's counters: all of them if they fit, else what
