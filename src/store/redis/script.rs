@@ -40,8 +40,16 @@ macro_rules! body {
     };
 }
 
-/// The body as a script (`EVAL`): it ends by running `batches` on the call's keys and arguments.
-pub const LIMITER_SCRIPT: &str = concat!(body!(), "\nreturn batches(KEYS, ARGV)\n");
+/// What makes the body a script (`EVAL`): it ends by running `batches` on the call's keys and
+/// arguments.
+macro_rules! script_end {
+    () => {
+        "\nreturn batches(KEYS, ARGV)\n"
+    };
+}
+
+/// The body as a script.
+pub const LIMITER_SCRIPT: &str = concat!(body!(), script_end!());
 
 /// One request's checks for one slot: the keys, the time, and the checks' arguments (see
 /// `batch.lua`). A call carries one or more groups (see `batcher`).
@@ -71,8 +79,7 @@ pub struct Limiter {
     name: String,
     /// `FUNCTION LOAD`'s argument.
     library: String,
-    /// The body as a script (`SCRIPT LOAD`'s argument), and its hash.
-    code: String,
+    /// The body as a script (`EVALSHA`, and `SCRIPT LOAD` where the server lost it).
     script: redis::Script,
     /// The server refused Functions once: scripts from then on.
     scripts_only: AtomicBool,
@@ -96,8 +103,7 @@ impl Limiter {
         } else {
             body!().to_owned()
         };
-        let code = format!("{body}\nreturn batches(KEYS, ARGV)\n");
-        let script = redis::Script::new(&code);
+        let script = redis::Script::new(&format!(concat!("{}", script_end!()), body));
         let name = format!("sluice_{}", &script.get_hash()[..16]);
         let library = format!(
             "#!lua name={name}\n{body}\nredis.register_function{{function_name = '{name}', \
@@ -106,7 +112,6 @@ impl Limiter {
         Self {
             name,
             library,
-            code,
             script,
             scripts_only: AtomicBool::new(false),
             loading: tokio::sync::Mutex::new(()),
@@ -160,11 +165,7 @@ impl Limiter {
         let evalsha = self.command("EVALSHA", self.script.get_hash(), call, keys);
         match evalsha.query_async(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let _sha: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&self.code)
-                    .query_async(conn)
-                    .await?;
+                self.script.load_async(conn).await?;
                 evalsha.query_async(conn).await
             }
             other => other,
@@ -390,10 +391,11 @@ mod tests {
     fn reading_the_string_form_is_its_own_library() {
         assert_eq!(LIMITER_SCRIPT.matches(READ_STRING_WINDOWS.0).count(), 1);
         let (plain, strings) = (Limiter::new(false), Limiter::new(true));
-        assert_eq!(plain.code, LIMITER_SCRIPT);
+        let hash_of = |code: &str| redis::Script::new(code).get_hash().to_owned();
+        assert_eq!(plain.script.get_hash(), hash_of(LIMITER_SCRIPT));
         assert_eq!(
-            strings.code,
-            LIMITER_SCRIPT.replacen(READ_STRING_WINDOWS.0, READ_STRING_WINDOWS.1, 1)
+            strings.script.get_hash(),
+            hash_of(&LIMITER_SCRIPT.replacen(READ_STRING_WINDOWS.0, READ_STRING_WINDOWS.1, 1))
         );
         assert_ne!(plain.name, strings.name);
         assert!(strings.library.contains(&strings.name));
